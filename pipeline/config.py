@@ -1,0 +1,345 @@
+"""Validated configuration models and their YAML loader.
+
+Three kinds of file live under ``configs/``:
+
+* ``robot/*.yaml`` -> :class:`RobotConfig`: what the pipeline knows about the robot
+  (geometry, masses, topology, nominal cable and motor models, PID, sensors).
+* ``hardware/*.yaml`` -> :class:`TwinConfig`: the MuJoCo twin's hidden "true"
+  physical parameters. Only the twin backend and evaluation code read it.
+* ``pipeline/*.yaml`` -> :class:`PipelineConfig`: which robot and hardware to use,
+  where runs go, and per-stage settings.
+
+All lengths are in metres, masses in kg, times in s, angles in rad unless a field
+name says otherwise. Unknown keys are rejected so typos fail before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipeline.errors import ConfigError
+
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+CapPair = tuple[Annotated[int, Field(ge=0, le=5)], Annotated[int, Field(ge=0, le=5)]]
+
+
+class StrictModel(BaseModel):
+    """Base model: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RodConfig(StrictModel):
+    length_m: Positive = Field(description="Distance between the two end-cap centres.")
+    radius_m: Positive
+    mass_kg: Positive
+
+
+class EndCapConfig(StrictModel):
+    radius_m: Positive
+    mass_kg: Positive
+
+
+class MotorConfig(StrictModel):
+    radius_m: Positive
+    length_m: Positive
+    mass_kg: Positive
+    offset_m: Positive = Field(description="Distance of each motor centre from the rod centre.")
+    omega_max_rad_s: Positive = Field(description="Maximum motor angular speed.")
+    speed: Fraction = Field(description="Speed setting s in omega = s * omega_max * u (seed 001 App. C).")
+    winch_radius_m: Positive
+
+
+class ActuatedCableConfig(StrictModel):
+    stiffness_n_per_m: Positive
+    damping_n_s_per_m: NonNegative
+    min_length_m: Positive = Field(description="Length commanded by target 0.")
+    range_m: Positive = Field(description="Target 1 commands min_length_m + range_m.")
+
+
+class PassiveCableConfig(StrictModel):
+    stiffness_n_per_m: Positive
+    cubic_stiffness_n_per_m3: NonNegative = 0.0
+    damping_n_s_per_m: NonNegative
+    rest_length_m: Positive
+
+
+class TopologyConfig(StrictModel):
+    rods: tuple[CapPair, CapPair, CapPair]
+    actuated: tuple[CapPair, CapPair, CapPair, CapPair, CapPair, CapPair]
+    passive: tuple[CapPair, CapPair, CapPair]
+
+    @model_validator(mode="after")
+    def _check_pairs(self) -> TopologyConfig:
+        caps = sorted(c for rod in self.rods for c in rod)
+        if caps != list(range(6)):
+            raise ValueError("rods must use each end cap 0..5 exactly once")
+        rod_of = {c: i for i, rod in enumerate(self.rods) for c in rod}
+        for kind, pairs in (("actuated", self.actuated), ("passive", self.passive)):
+            for j, (a, b) in enumerate(pairs):
+                if rod_of[a] == rod_of[b]:
+                    raise ValueError(f"{kind}[{j}] joins caps {a} and {b} of the same rod")
+        return self
+
+
+class AttachmentConfig(StrictModel):
+    """Cable attachment points: three per end cap on the cap's sphere surface, on
+    the circle perpendicular to the rod through the cap centre, 2*pi/3 apart."""
+
+    phase_rad: tuple[float, float, float] = Field(
+        description="Angle of the first attachment point around each rod's axis."
+    )
+
+
+class PIDConfig(StrictModel):
+    kp: NonNegative
+    ki: NonNegative
+    kd: NonNegative
+    tolerance: Annotated[float, Field(gt=0, lt=1)] = Field(
+        description="A cable has reached its target when |normalised error| < tolerance."
+    )
+    control_rate_hz: Positive
+
+
+class SensorConfig(StrictModel):
+    imu_rods: tuple[Annotated[int, Field(ge=0, le=2)], ...] = Field(min_length=2)
+
+
+class FeasibilityConfig(StrictModel):
+    min_triangle_slack_m: NonNegative = Field(
+        description="Each triangle of actuated cables needs a + b - c >= this slack."
+    )
+    mode: Literal["reject", "repair"]
+
+
+class RobotConfig(StrictModel):
+    name: str
+    rod: RodConfig
+    end_cap: EndCapConfig
+    motor: MotorConfig
+    actuated_cable: ActuatedCableConfig
+    passive_cable: PassiveCableConfig
+    topology: TopologyConfig
+    attachment: AttachmentConfig
+    pid: PIDConfig
+    sensors: SensorConfig
+    feasibility: FeasibilityConfig
+
+    @model_validator(mode="after")
+    def _check_geometry(self) -> RobotConfig:
+        half = self.rod.length_m / 2
+        motor_end = self.motor.offset_m + self.motor.length_m / 2
+        if motor_end > half - self.end_cap.radius_m + 1e-9:
+            raise ValueError(
+                f"motor.offset_m + motor.length_m/2 = {motor_end:.4f} m overlaps the end cap "
+                f"(must be <= rod.length_m/2 - end_cap.radius_m = {half - self.end_cap.radius_m:.4f} m)"
+            )
+        return self
+
+
+class GroundConfig(StrictModel):
+    friction_sliding: Positive
+    friction_torsional: NonNegative
+    friction_rolling: NonNegative
+
+
+class TwinPhysicsConfig(StrictModel):
+    timestep_s: Annotated[float, Field(gt=0, le=0.01)]
+    gravity_m_s2: Positive
+
+
+class TwinMotorConfig(StrictModel):
+    omega_max_rad_s: Positive
+    speed_scale: tuple[Positive, Positive, Positive, Positive, Positive, Positive] = Field(
+        description="Per-motor multiplier on omega_max (manufacturing spread)."
+    )
+
+
+class TwinCableConfig(StrictModel):
+    actuated_stiffness_n_per_m: Positive
+    actuated_damping_n_s_per_m: NonNegative
+    passive_stiffness_n_per_m: Positive
+    passive_cubic_stiffness_n_per_m3: NonNegative
+    passive_damping_n_s_per_m: NonNegative
+    passive_rest_length_m: Positive
+
+
+class TwinSensorConfig(StrictModel):
+    cable_noise_std_m: NonNegative
+    cable_bias_m: tuple[float, float, float, float, float, float, float, float, float]
+    imu_noise_std_rad: NonNegative
+    sample_jitter_s: NonNegative = Field(description="Std of time-stamp jitter of sensor packets.")
+
+
+class CameraConfig(StrictModel):
+    width_px: Annotated[int, Field(ge=16, le=4096)]
+    height_px: Annotated[int, Field(ge=16, le=4096)]
+    fovy_deg: Annotated[float, Field(gt=1, lt=170)]
+    position_m: tuple[float, float, float]
+    look_at_m: tuple[float, float, float]
+    rate_hz: Positive
+    depth_scale_m: Positive = Field(description="Metres per depth unit of the uint16 depth image.")
+    depth_noise_std_m: NonNegative
+    max_depth_m: Positive
+
+    @model_validator(mode="after")
+    def _check_view(self) -> CameraConfig:
+        if self.position_m == self.look_at_m:
+            raise ValueError("position_m and look_at_m must differ")
+        if self.max_depth_m / self.depth_scale_m > 65535:
+            raise ValueError("max_depth_m / depth_scale_m must fit in uint16 (<= 65535)")
+        return self
+
+
+class TwinConfig(StrictModel):
+    """Hidden parameters of the MuJoCo twin: the stand-in for the physical robot."""
+
+    physics: TwinPhysicsConfig
+    ground: GroundConfig
+    motor: TwinMotorConfig
+    cables: TwinCableConfig
+    attachment_phase_rad: tuple[float, float, float]
+    control_latency_s: NonNegative
+    sensors: TwinSensorConfig
+    camera: CameraConfig
+    settle_s: Positive = Field(description="Simulated time to settle into the rest state.")
+    seed: int
+
+
+class RandomPolicyConfig(StrictModel):
+    n_targets: Annotated[int, Field(ge=1, le=1000)]
+    levels: tuple[Fraction, ...] | None = Field(
+        default=None, description="Allowed target values; None draws uniformly from [0, 1]."
+    )
+    seed: int
+
+
+class CollectConfig(StrictModel):
+    policy: str = Field(description="'random' or the name of a published gait.")
+    gait_cycles: Annotated[int, Field(ge=1)] = 1
+    random: RandomPolicyConfig
+    segment_timeout_s: Positive
+    record_frames: bool
+    checkpoint_every_s: Positive = Field(description="Flush recorded data to disk this often (sim time).")
+
+
+class PipelineConfig(StrictModel):
+    campaign: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
+    runs_dir: Path
+    robot_config: Path
+    hardware_backend: Literal["twin"]
+    hardware_config: Path
+    collect: CollectConfig
+
+    @field_validator("runs_dir", "robot_config", "hardware_config")
+    @classmethod
+    def _not_empty(cls, value: Path) -> Path:
+        if str(value) in ("", "."):
+            raise ValueError("must be a non-empty path")
+        return value
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _format_validation_error(path: Path, error: ValidationError) -> str:
+    lines = [f"{path}: invalid {error.title} configuration"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "<root>"
+        got = item.get("input")
+        got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  field '{field}': {item['msg']}{got_text}")
+    return "\n".join(lines)
+
+
+def load_yaml(path: str | Path, model: type[M]) -> M:
+    """Read ``path`` and validate it as ``model``.
+
+    Raises :class:`ConfigError` naming the file, each offending field and what was
+    expected.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(path, exc)) from exc
+
+
+def config_hash(config: BaseModel) -> str:
+    """Stable sha256 (hex, first 16 chars) of a config's JSON form."""
+    payload = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+class LoadedConfigs(StrictModel):
+    """A pipeline config together with the robot and hardware configs it names."""
+
+    pipeline: PipelineConfig
+    robot: RobotConfig
+    twin: TwinConfig
+    pipeline_path: Path
+
+
+def load_all(pipeline_path: str | Path, overrides: dict[str, object] | None = None) -> LoadedConfigs:
+    """Load a pipeline config and the configs it references.
+
+    Relative paths inside the pipeline file are resolved against that file's folder.
+    ``overrides`` maps dotted keys (``collect.random.seed``) to values applied before
+    validation.
+    """
+    pipeline_path = Path(pipeline_path).resolve()
+    pipeline = load_yaml(pipeline_path, PipelineConfig)
+    if overrides:
+        pipeline = apply_overrides(pipeline, overrides, pipeline_path)
+    base = pipeline_path.parent
+
+    def resolve(p: Path) -> Path:
+        return p if p.is_absolute() else (base / p).resolve()
+
+    pipeline = pipeline.model_copy(
+        update={
+            "runs_dir": resolve(pipeline.runs_dir),
+            "robot_config": resolve(pipeline.robot_config),
+            "hardware_config": resolve(pipeline.hardware_config),
+        }
+    )
+    robot = load_yaml(pipeline.robot_config, RobotConfig)
+    twin = load_yaml(pipeline.hardware_config, TwinConfig)
+    return LoadedConfigs(pipeline=pipeline, robot=robot, twin=twin, pipeline_path=pipeline_path)
+
+
+def apply_overrides(config: M, overrides: dict[str, object], source: Path) -> M:
+    """Return ``config`` with dotted-key overrides applied and re-validated."""
+    data = config.model_dump(mode="json")
+    for key, value in overrides.items():
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(f"{source}: override '{key}': no field '{part}'")
+            node = node[part]
+        if not isinstance(node, dict) or parts[-1] not in node:
+            raise ConfigError(f"{source}: override '{key}': no field '{parts[-1]}'")
+        node[parts[-1]] = value
+    try:
+        return type(config).model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(source, exc)) from exc

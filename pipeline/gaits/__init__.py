@@ -1,0 +1,1 @@
+"""Gaits: symmetry maps between faces and the published Tribar gaits."""

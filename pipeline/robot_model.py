@@ -1,0 +1,201 @@
+"""Geometry of the 3-bar robot shared by the twin, the engine and perception.
+
+Conventions (DESIGN §4): end caps 0..5, rod ``i`` joins caps ``topology.rods[i]``;
+each rod's body frame has its z axis from its first cap to its second cap and its
+origin at the rod centre. Positions are in metres.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.config import RobotConfig
+
+N_CAPS = 6
+N_RODS = 3
+N_ACTUATED = 6
+N_PASSIVE = 3
+N_CABLES = N_ACTUATED + N_PASSIVE
+
+
+@dataclass(frozen=True)
+class CableEnd:
+    """One end of a cable: the rod it is fixed to and the point in that rod's frame (m)."""
+
+    rod: int
+    cap: int
+    local_m: tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class Cable:
+    """A cable between two attachment points; ``actuated`` cables have a motor."""
+
+    index: int
+    actuated: bool
+    a: CableEnd
+    b: CableEnd
+
+
+def target_to_length(robot: RobotConfig, target: np.ndarray) -> np.ndarray:
+    """Map normalised targets in [0, 1] to actuated cable lengths (m)."""
+    return robot.actuated_cable.min_length_m + robot.actuated_cable.range_m * np.asarray(target, float)
+
+
+def length_to_target(robot: RobotConfig, length_m: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`target_to_length` (not clipped)."""
+    return (np.asarray(length_m, float) - robot.actuated_cable.min_length_m) / robot.actuated_cable.range_m
+
+
+def cable_pairs(robot: RobotConfig) -> list[tuple[int, int]]:
+    """Cap pairs of all nine cables: actuated 0..5, then passive 6..8."""
+    return [tuple(p) for p in robot.topology.actuated] + [tuple(p) for p in robot.topology.passive]
+
+
+def rod_of_cap(robot: RobotConfig) -> dict[int, int]:
+    """Map each end cap to its rod index."""
+    return {cap: i for i, rod in enumerate(robot.topology.rods) for cap in rod}
+
+
+def reference_prism(robot: RobotConfig) -> np.ndarray:
+    """End-cap centres (6, 3) of the unloaded prism with all actuated cables at target 1.
+
+    A 3-strut tensegrity prism is in self-stress when the two triangles are
+    twisted so that each rod spans 150 deg and each passive tendon 30 deg
+    (Kenner's twist pi/2 - pi/n). The triangle side is the full actuated cable
+    length plus the end-cap diameter (cables attach on the cap surfaces). The
+    odd-cap triangle lies at z = 0, the even one above it; the result is centred
+    on its centroid.
+    """
+    side = robot.actuated_cable.min_length_m + robot.actuated_cable.range_m + 2 * robot.end_cap.radius_m
+    radius = side / np.sqrt(3.0)
+    twist = np.deg2rad(150.0)
+    chord = 2 * radius * np.sin(twist / 2)
+    if chord >= robot.rod.length_m:
+        raise ValueError("rod too short for the triangle size implied by the actuated cable range")
+    height = np.sqrt(robot.rod.length_m**2 - chord**2)
+    caps = np.zeros((N_CAPS, 3))
+    for i, (even, odd) in enumerate(sorted(robot.topology.rods, key=lambda r: min(r))):
+        even, odd = (even, odd) if even % 2 == 0 else (odd, even)
+        angle = 2 * np.pi * i / 3
+        caps[odd] = [radius * np.cos(angle), radius * np.sin(angle), 0.0]
+        caps[even] = [radius * np.cos(angle + twist), radius * np.sin(angle + twist), height]
+    caps[:, 0] *= -1.0
+    return caps - caps.mean(axis=0)
+
+
+def rod_frames(robot: RobotConfig, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rod centres (3, 3) and rotation matrices (3, 3, 3) from end-cap centres.
+
+    Each rod frame has z along the rod (first cap -> second cap) and x pointing
+    away from the robot's centroid, perpendicular to the rod.
+    """
+    centroid = caps.mean(axis=0)
+    centres = np.zeros((N_RODS, 3))
+    rotations = np.zeros((N_RODS, 3, 3))
+    for i, (a, b) in enumerate(robot.topology.rods):
+        z = caps[b] - caps[a]
+        z /= np.linalg.norm(z)
+        centre = 0.5 * (caps[a] + caps[b])
+        out = centre - centroid
+        x = out - np.dot(out, z) * z
+        if np.linalg.norm(x) < 1e-9:
+            x = np.cross(z, [1.0, 0.0, 0.0] if abs(z[0]) < 0.9 else [0.0, 1.0, 0.0])
+        x /= np.linalg.norm(x)
+        rotations[i] = np.column_stack([x, np.cross(z, x), z])
+        centres[i] = centre
+    return centres, rotations
+
+
+def attachment_ring(robot: RobotConfig, rod: int, cap: int, phase_rad: float) -> np.ndarray:
+    """The three attachment points (3, 3) of ``cap`` in its rod's frame (m).
+
+    They lie on the cap sphere's great circle perpendicular to the rod, at angles
+    ``phase_rad + k * 2*pi/3``.
+    """
+    a, _ = robot.topology.rods[rod]
+    z = -robot.rod.length_m / 2 if cap == a else robot.rod.length_m / 2
+    r = robot.end_cap.radius_m
+    angles = phase_rad + 2 * np.pi * np.arange(3) / 3
+    return np.column_stack([r * np.cos(angles), r * np.sin(angles), np.full(3, z)])
+
+
+def build_cables(robot: RobotConfig, phases_rad: tuple[float, float, float]) -> list[Cable]:
+    """Assign every cable end to one of its cap's three attachment points.
+
+    For each cap, the assignment of its three cables to its three points is the
+    permutation with the shortest total cable length in the reference prism, so
+    cables never wrap around their own end cap.
+    """
+    caps = reference_prism(robot)
+    centres, rotations = rod_frames(robot, caps)
+    rod_of = rod_of_cap(robot)
+    pairs = cable_pairs(robot)
+    cables_at: dict[int, list[tuple[int, int]]] = {c: [] for c in range(N_CAPS)}
+    for j, (a, b) in enumerate(pairs):
+        cables_at[a].append((j, b))
+        cables_at[b].append((j, a))
+    chosen: dict[tuple[int, int], np.ndarray] = {}
+    for cap, ends in cables_at.items():
+        rod = rod_of[cap]
+        ring = attachment_ring(robot, rod, cap, phases_rad[rod])
+        world = centres[rod] + ring @ rotations[rod].T
+        best = min(
+            itertools.permutations(range(3), len(ends)),
+            key=lambda perm: sum(np.linalg.norm(world[k] - caps[other]) for k, (_, other) in zip(perm, ends)),
+        )
+        for k, (j, _) in zip(best, ends):
+            chosen[(j, cap)] = ring[k]
+    cables = []
+    for j, (a, b) in enumerate(pairs):
+        ends = [CableEnd(rod=rod_of[c], cap=c, local_m=tuple(float(v) for v in chosen[(j, c)])) for c in (a, b)]
+        cables.append(Cable(index=j, actuated=j < N_ACTUATED, a=ends[0], b=ends[1]))
+    return cables
+
+
+def rotation_to_quat(rotation: np.ndarray) -> np.ndarray:
+    """Unit quaternion (w, x, y, z) of a 3x3 rotation matrix, w >= 0."""
+    m = rotation
+    trace = m[0, 0] + m[1, 1] + m[2, 2]
+    if trace > 0:
+        s = 2.0 * np.sqrt(trace + 1.0)
+        q = [0.25 * s, (m[2, 1] - m[1, 2]) / s, (m[0, 2] - m[2, 0]) / s, (m[1, 0] - m[0, 1]) / s]
+    elif m[0, 0] > m[1, 1] and m[0, 0] > m[2, 2]:
+        s = 2.0 * np.sqrt(1.0 + m[0, 0] - m[1, 1] - m[2, 2])
+        q = [(m[2, 1] - m[1, 2]) / s, 0.25 * s, (m[0, 1] + m[1, 0]) / s, (m[0, 2] + m[2, 0]) / s]
+    elif m[1, 1] > m[2, 2]:
+        s = 2.0 * np.sqrt(1.0 + m[1, 1] - m[0, 0] - m[2, 2])
+        q = [(m[0, 2] - m[2, 0]) / s, (m[0, 1] + m[1, 0]) / s, 0.25 * s, (m[1, 2] + m[2, 1]) / s]
+    else:
+        s = 2.0 * np.sqrt(1.0 + m[2, 2] - m[0, 0] - m[1, 1])
+        q = [(m[1, 0] - m[0, 1]) / s, (m[0, 2] + m[2, 0]) / s, (m[1, 2] + m[2, 1]) / s, 0.25 * s]
+    q = np.asarray(q)
+    q /= np.linalg.norm(q)
+    return q if q[0] >= 0 else -q
+
+
+def resting_on_face(robot: RobotConfig, caps: np.ndarray, face: tuple[int, int, int] = (0, 2, 5)) -> np.ndarray:
+    """Rotate and translate cap centres (6, 3) so ``face`` lies on the ground.
+
+    The plane through the three caps becomes horizontal with the other caps
+    above it, and the caps touch z = 0 with their sphere surfaces.
+    """
+    p = caps[list(face)]
+    normal = np.cross(p[1] - p[0], p[2] - p[0])
+    normal /= np.linalg.norm(normal)
+    if np.dot(caps.mean(axis=0) - p.mean(axis=0), normal) < 0:
+        normal = -normal
+    axis = np.cross(normal, [0.0, 0.0, 1.0])
+    s, c = np.linalg.norm(axis), float(np.dot(normal, [0.0, 0.0, 1.0]))
+    if s < 1e-12:
+        rotation = np.eye(3) if c > 0 else np.diag([1.0, -1.0, -1.0])
+    else:
+        k = axis / s
+        kx = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
+        rotation = np.eye(3) + s * kx + (1 - c) * kx @ kx
+    out = (caps - p.mean(axis=0)) @ rotation.T
+    out[:, 2] += robot.end_cap.radius_m - out[list(face), 2].mean()
+    return out
