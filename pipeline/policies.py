@@ -136,8 +136,9 @@ def gait_policy(robot: RobotConfig, name: str, cycles: int) -> Policy:
     return check_policy(robot, Policy(name=name, targets=targets))
 
 
-def policy_from_name(robot: RobotConfig, name: str, cycles: int, n_random: int, seed: int,
-                     levels: tuple[float, ...] | None = None) -> Policy:
+def policy_from_name(
+    robot: RobotConfig, name: str, cycles: int, n_random: int, seed: int, levels: tuple[float, ...] | None = None
+) -> Policy:
     """``random`` or a published gait name -> a checked policy."""
     if name == "random":
         return random_policy(robot, n_random, seed, levels)

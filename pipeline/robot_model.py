@@ -145,9 +145,11 @@ def build_cables(robot: RobotConfig, phases_rad: tuple[float, float, float]) -> 
         world = centres[rod] + ring @ rotations[rod].T
         best = min(
             itertools.permutations(range(3), len(ends)),
-            key=lambda perm: sum(np.linalg.norm(world[k] - caps[other]) for k, (_, other) in zip(perm, ends)),
+            key=lambda perm: sum(
+                np.linalg.norm(world[k] - caps[other]) for k, (_, other) in zip(perm, ends, strict=False)
+            ),
         )
-        for k, (j, _) in zip(best, ends):
+        for k, (j, _) in zip(best, ends, strict=False):
             chosen[(j, cap)] = ring[k]
     cables = []
     for j, (a, b) in enumerate(pairs):

@@ -19,12 +19,12 @@ import numpy as np
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-import mujoco  # noqa: E402  (MUJOCO_GL must be set before the import)
+import mujoco
 
-from pipeline.config import RobotConfig, TwinConfig  # noqa: E402
-from pipeline.control import PID, motor_speed_rad_s, rest_length_change_m  # noqa: E402
-from pipeline.errors import HardwareError  # noqa: E402
-from pipeline.hardware.base import (  # noqa: E402
+from pipeline.config import RobotConfig, TwinConfig
+from pipeline.control import PID, motor_speed_rad_s, rest_length_change_m
+from pipeline.errors import HardwareError
+from pipeline.hardware.base import (
     CameraInfo,
     FramePacket,
     GroundTruthPacket,
@@ -33,9 +33,9 @@ from pipeline.hardware.base import (  # noqa: E402
     Robot,
     SensorPacket,
 )
-from pipeline.hardware.twin_model import build_twin_xml, camera_axes  # noqa: E402
-from pipeline.policies import REST_TARGET, Policy  # noqa: E402
-from pipeline.robot_model import N_ACTUATED, N_CABLES, length_to_target, target_to_length  # noqa: E402
+from pipeline.hardware.twin_model import build_twin_xml, camera_axes
+from pipeline.policies import REST_TARGET, Policy
+from pipeline.robot_model import N_ACTUATED, N_CABLES, length_to_target, target_to_length
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,12 @@ class MujocoTwin(Robot):
         self.data = mujoco.MjData(self.model)
         self.cables = spec.cables
         self._rng = np.random.default_rng(twin.seed)
-        self._cap_geoms = np.array([mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_GEOM, f"cap{c}") for c in range(6)])
-        self._rod_bodies = np.array([mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, f"rod{i}") for i in range(3)])
+        self._cap_geoms = np.array(
+            [mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_GEOM, f"cap{c}") for c in range(6)]
+        )
+        self._rod_bodies = np.array(
+            [mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, f"rod{i}") for i in range(3)]
+        )
         dt = self.model.opt.timestep
         self._steps_per_tick = max(1, round(1.0 / (robot.pid.control_rate_hz * dt)))
         self._latency_steps = round(twin.control_latency_s / dt)
@@ -74,7 +78,9 @@ class MujocoTwin(Robot):
         c = twin.cables
         self._k = np.r_[np.full(N_ACTUATED, c.actuated_stiffness_n_per_m), np.full(3, c.passive_stiffness_n_per_m)]
         self._k3 = np.r_[np.zeros(N_ACTUATED), np.full(3, c.passive_cubic_stiffness_n_per_m3)]
-        self._damping = np.r_[np.full(N_ACTUATED, c.actuated_damping_n_s_per_m), np.full(3, c.passive_damping_n_s_per_m)]
+        self._damping = np.r_[
+            np.full(N_ACTUATED, c.actuated_damping_n_s_per_m), np.full(3, c.passive_damping_n_s_per_m)
+        ]
         self._rest_length = np.r_[target_to_length(robot, REST_TARGET), np.full(3, c.passive_rest_length_m)]
         self._omega_prev = np.zeros(N_ACTUATED)
         self._motor_rad = np.zeros(N_ACTUATED)
@@ -124,8 +130,9 @@ class MujocoTwin(Robot):
         self._run_ticks(REST_TARGET, self.twin.settle_s)
         qvel_peak = float(np.abs(self.data.qvel).max())
         if not np.isfinite(self.data.qpos).all() or qvel_peak > 3e-2:
-            raise HardwareError(f"twin did not settle to rest within settle_s = {self.twin.settle_s} s "
-                                f"(max |qvel| = {qvel_peak:.3g})")
+            raise HardwareError(
+                f"twin did not settle to rest within settle_s = {self.twin.settle_s} s (max |qvel| = {qvel_peak:.3g})"
+            )
         return _Snapshot(self.data.qpos.copy(), self._rest_length.copy(), np.zeros(N_ACTUATED))
 
     # ----------------------------------------------------------------- sensors

@@ -71,9 +71,7 @@ def build_twin_xml(robot: RobotConfig, twin: TwinConfig) -> TwinModelSpec:
         for cable in cables:
             for end_name, end in (("a", cable.a), ("b", cable.b)):
                 if end.rod == i:
-                    sites.append(
-                        f'<site name="cable{cable.index}_{end_name}" pos="{_fmt(end.local_m)}" size="0.002"/>'
-                    )
+                    sites.append(f'<site name="cable{cable.index}_{end_name}" pos="{_fmt(end.local_m)}" size="0.002"/>')
         quat = rotation_to_quat(rotations[i])
         bodies.append(
             f"""

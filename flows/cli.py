@@ -1,0 +1,117 @@
+"""The ``r2s2r`` command line.
+
+Configs are validated before anything else happens; user mistakes (bad config,
+bad data, hardware failure) print one readable message and exit with status 2,
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.config import LoadedConfigs, load_all
+from pipeline.errors import ConfigError, R2S2RError
+from storage.layout import RunLayout
+
+app = typer.Typer(
+    help="R2S2R: Real2Sim2Real pipeline for cable-driven tensegrity robots.", no_args_is_help=True, add_completion=False
+)
+console = Console(stderr=True)
+
+ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="Pipeline config (YAML).")]
+IterationOption = Annotated[int, typer.Option("--iteration", "-k", min=1, help="Iteration number (1-based).")]
+SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config value: key.path=value (YAML).")]
+DEFAULT_CONFIG = Path("configs/pipeline/default.yaml")
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, object]:
+    """``["collect.random.seed=3"]`` -> ``{"collect.random.seed": 3}`` (values parsed as YAML)."""
+    out: dict[str, object] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected key.path=value")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _load(config: Path, overrides: dict[str, object]) -> LoadedConfigs:
+    configs = load_all(config, overrides)
+    from flows.environment import configure_environment
+
+    configure_environment(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
+    return configs
+
+
+def _run_iteration(config: Path, iteration: int, overrides: dict[str, object], stages: list[str] | None) -> None:
+    configs = _load(config, overrides)
+    from flows.iteration import r2s2r_iteration
+
+    summary = r2s2r_iteration(str(config.resolve()), iteration, overrides, stages)
+    table = Table(title=f"{configs.pipeline.campaign} iteration {iteration}")
+    for column in ("stage", "output", "cached"):
+        table.add_column(column)
+    for stage, info in summary["stages"].items():
+        table.add_row(stage, info["ref"]["path"], "yes" if info["cached"] else "no")
+    Console().print(table)
+    Console().print(f"MLflow run: {summary['mlflow_run_id']}  (view with: r2s2r ui --config {config})")
+
+
+@app.command()
+def collect(config: ConfigOption = DEFAULT_CONFIG, iteration: IterationOption = 1, set_: SetOption = None) -> None:
+    """Run the collect stage: execute the configured policy on the hardware and record it."""
+    _run_iteration(config, iteration, parse_overrides(set_), ["collect"])
+
+
+@app.command()
+def iterate(config: ConfigOption = DEFAULT_CONFIG, iteration: IterationOption = 1, set_: SetOption = None) -> None:
+    """Run one R2S2R iteration (every stage implemented so far), reusing cached stages."""
+    _run_iteration(config, iteration, parse_overrides(set_), None)
+
+
+@app.command()
+def ui(
+    config: ConfigOption = DEFAULT_CONFIG, port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 5000
+) -> None:
+    """Serve the MLflow UI for the campaign's runs on http://127.0.0.1:PORT."""
+    configs = _load(config, {})
+    from storage.tracking import tracking_uri
+
+    uri = tracking_uri(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
+    console.print(f"MLflow UI on http://127.0.0.1:{port} (Ctrl-C to stop)")
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    subprocess.run(
+        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        check=False,
+    )
+
+
+def main() -> None:
+    """Console-script entry point: run the app, turning user errors into messages."""
+    try:
+        app(standalone_mode=False)
+    except R2S2RError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        console.print("[bold yellow]interrupted[/]: recorded data was kept and marked incomplete")
+        raise SystemExit(130) from None
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        raise

@@ -1,0 +1,23 @@
+"""Process environment for Prefect, MLflow and MuJoCo; call before importing them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from storage.layout import RunLayout
+
+
+def configure_environment(layout: RunLayout) -> None:
+    """Keep Prefect's home inside the runs folder and switch off telemetry.
+
+    Must run before ``prefect`` is imported: Prefect reads its settings at import.
+    Values already set in the environment win, so tests and deployments can
+    point elsewhere.
+    """
+    layout.runs_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_HOME", str(Path(layout.prefect_home).resolve()))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MUJOCO_GL", "egl")

@@ -1,0 +1,86 @@
+"""MLflow tracking helper: SQLite store under the runs folder, explicit run ids.
+
+One experiment per campaign, one run per iteration (tag ``r2s2r.iteration``). The
+client API is used with explicit run ids throughout, because MLflow's fluent API
+keeps its active run per thread and Prefect runs tasks on worker threads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from mlflow.entities import RunStatus
+from mlflow.tracking import MlflowClient
+
+from storage.layout import RunLayout
+
+ITERATION_TAG = "r2s2r.iteration"
+CAMPAIGN_TAG = "r2s2r.campaign"
+
+
+def tracking_uri(layout: RunLayout) -> str:
+    """``sqlite:///`` URI of the campaign's MLflow database (absolute path)."""
+    layout.runs_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{layout.mlflow_db.resolve()}"
+
+
+def client_for(layout: RunLayout) -> MlflowClient:
+    return MlflowClient(tracking_uri=tracking_uri(layout))
+
+
+def experiment_id(client: MlflowClient, layout: RunLayout) -> str:
+    """The campaign's experiment, created with an absolute artifact location if new."""
+    existing = client.get_experiment_by_name(layout.campaign)
+    if existing is not None:
+        return existing.experiment_id
+    artifacts = (layout.mlflow_artifacts / layout.campaign).resolve()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    return client.create_experiment(
+        layout.campaign, artifact_location=artifacts.as_uri(), tags={CAMPAIGN_TAG: layout.campaign}
+    )
+
+
+def iteration_run(client: MlflowClient, layout: RunLayout, iteration: int) -> tuple[str, bool]:
+    """Run id of the iteration's MLflow run, creating it if needed.
+
+    Returns ``(run_id, created)``. A second invocation of the same iteration
+    reuses the run, so there is exactly one run per iteration.
+    """
+    exp = experiment_id(client, layout)
+    found = client.search_runs([exp], filter_string=f"tags.`{ITERATION_TAG}` = '{iteration}'", max_results=1)
+    if found:
+        return found[0].info.run_id, False
+    run = client.create_run(
+        exp, run_name=f"iter_{iteration}", tags={ITERATION_TAG: str(iteration), CAMPAIGN_TAG: layout.campaign}
+    )
+    return run.info.run_id, True
+
+
+def flatten(prefix: str, value: object) -> dict[str, str]:
+    """Flatten nested dicts/lists into ``a.b.0``-style keys with string values."""
+    out: dict[str, str] = {}
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), item))
+    elif isinstance(value, list | tuple) and any(isinstance(v, Mapping | list | tuple) for v in value):
+        for i, item in enumerate(value):
+            out.update(flatten(f"{prefix}.{i}", item))
+    else:
+        out[prefix] = str(value)
+    return out
+
+
+def log_params_once(client: MlflowClient, run_id: str, params: Mapping[str, str]) -> None:
+    """Log params not yet on the run (MLflow params are immutable once set)."""
+    existing = client.get_run(run_id).data.params
+    new = {k: v for k, v in params.items() if k not in existing}
+    for key, value in new.items():
+        client.log_param(run_id, key, value[:6000])
+
+
+def finish_run(client: MlflowClient, run_id: str, ok: bool) -> None:
+    status = RunStatus.to_string(RunStatus.FINISHED if ok else RunStatus.FAILED)
+    client.set_terminated(run_id, status=status)

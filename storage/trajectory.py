@@ -1,0 +1,191 @@
+"""The trajectory Parquet contract (DESIGN §5).
+
+One file per trajectory, one row per sample, wide columns:
+
+=====================  =======  ==============================================
+column                 unit     required for source
+=====================  =======  ==============================================
+``t``                  s        all (float64, non-decreasing, may be non-uniform)
+``segment``            -        all (int32, index of the policy target)
+``target_0..5``        -        all (normalised, [0, 1])
+``control_0..5``       -        hardware, sim (motor command, [-1, 1])
+``cable_0..8``         m        hardware (sensed lengths)
+``cap{i}_x/_y/_z``     m        groundtruth, tracked, sim (end-cap centres, world)
+``cap{i}_conf``        -        optional ([0, 1])
+``rod{r}_x/_y/_z``     m        optional (rod centres)
+``rod{r}_qw/qx/qy/qz`` -        optional (rod orientation, world)
+``imu{r}_qw/qx/qy/qz`` -        optional (IMU orientation of rod r)
+``motor_0..5``         rad      optional (winch angles)
+=====================  =======  ==============================================
+
+Schema metadata (JSON under key ``r2s2r``) is validated by :class:`TrajectoryMeta`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.errors import DataError
+from storage.tables import read_meta, write_table
+
+SCHEMA_VERSION = 1
+Source = Literal["hardware", "groundtruth", "tracked", "sim"]
+
+UNITS = {"t": "s", "cable": "m", "cap": "m", "rod_position": "m", "motor": "rad", "target": "1", "control": "1"}
+
+
+class TrajectoryMeta(BaseModel):
+    """Schema metadata every trajectory file carries."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: Literal[1]
+    source: Source
+    robot_config_hash: str = Field(min_length=1)
+    campaign: str
+    iteration: int = Field(ge=1)
+    policy_id: str = Field(min_length=1)
+    sample_rate_hz: float = Field(gt=0)
+    units: dict[str, str]
+    complete: bool
+
+
+def _cols(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}_{i}" for i in range(n)]
+
+
+TARGET_COLS = _cols("target", 6)
+CONTROL_COLS = _cols("control", 6)
+CABLE_COLS = _cols("cable", 9)
+MOTOR_COLS = _cols("motor", 6)
+CAP_COLS = [f"cap{i}_{a}" for i in range(6) for a in "xyz"]
+CONF_COLS = [f"cap{i}_conf" for i in range(6)]
+ROD_POS_COLS = [f"rod{r}_{a}" for r in range(3) for a in "xyz"]
+ROD_QUAT_COLS = [f"rod{r}_q{a}" for r in range(3) for a in "wxyz"]
+_IMU_RE = re.compile(r"^imu[0-2]_q[wxyz]$")
+
+REQUIRED = {
+    "hardware": ["t", "segment", *TARGET_COLS, *CONTROL_COLS, *CABLE_COLS],
+    "groundtruth": ["t", "segment", *TARGET_COLS, *CAP_COLS],
+    "tracked": ["t", "segment", *TARGET_COLS, *CAP_COLS],
+    "sim": ["t", "segment", *TARGET_COLS, *CONTROL_COLS, *CAP_COLS],
+}
+_KNOWN = {
+    "t",
+    "segment",
+    *TARGET_COLS,
+    *CONTROL_COLS,
+    *CABLE_COLS,
+    *MOTOR_COLS,
+    *CAP_COLS,
+    *CONF_COLS,
+    *ROD_POS_COLS,
+    *ROD_QUAT_COLS,
+}
+
+
+def imu_cols(rod: int) -> list[str]:
+    return [f"imu{rod}_q{a}" for a in "wxyz"]
+
+
+def column_type(name: str) -> pa.DataType:
+    """Arrow type of a trajectory column."""
+    return pa.int32() if name == "segment" else pa.float64()
+
+
+def arrow_schema(columns: list[str]) -> pa.Schema:
+    return pa.schema([pa.field(c, column_type(c), nullable=False) for c in columns])
+
+
+def make_meta(
+    source: Source,
+    robot_config_hash: str,
+    campaign: str,
+    iteration: int,
+    policy_id: str,
+    sample_rate_hz: float,
+    complete: bool,
+    **extra: object,
+) -> dict[str, object]:
+    """Metadata dict for a new trajectory file (validated)."""
+    meta = TrajectoryMeta(
+        schema_version=SCHEMA_VERSION,
+        source=source,
+        robot_config_hash=robot_config_hash,
+        campaign=campaign,
+        iteration=iteration,
+        policy_id=policy_id,
+        sample_rate_hz=sample_rate_hz,
+        units=UNITS,
+        complete=complete,
+        **extra,
+    )
+    return meta.model_dump(mode="json")
+
+
+def _validate_frame(path: Path, df: pd.DataFrame, source: str) -> None:
+    missing = [c for c in REQUIRED[source] if c not in df.columns]
+    if missing:
+        raise DataError(f"{path}: source '{source}' requires columns {missing[:6]}{'...' if len(missing) > 6 else ''}")
+    unknown = [c for c in df.columns if c not in _KNOWN and not _IMU_RE.match(c)]
+    if unknown:
+        raise DataError(f"{path}: unknown columns {unknown}; see storage.trajectory for the schema")
+    for col in df.columns:
+        expected = column_type(col)
+        if expected == pa.int32() and not pd.api.types.is_integer_dtype(df[col]):
+            raise DataError(f"{path}: column '{col}' must be integer, got {df[col].dtype}")
+        if expected == pa.float64() and df[col].dtype != np.float64:
+            raise DataError(f"{path}: column '{col}' must be float64, got {df[col].dtype}")
+    t = df["t"].to_numpy()
+    if len(t) and (not np.isfinite(t).all() or np.any(np.diff(t) < 0)):
+        raise DataError(f"{path}: column 't' must be finite and non-decreasing")
+    targets = df[TARGET_COLS].to_numpy()
+    if ((targets < 0) | (targets > 1)).any():
+        raise DataError(f"{path}: target_* columns must lie in [0, 1]")
+
+
+def write_trajectory(path: Path, df: pd.DataFrame, meta: dict[str, object]) -> Path:
+    """Validate ``df`` against the contract for ``meta['source']`` and write it atomically."""
+    try:
+        checked = TrajectoryMeta.model_validate(meta)
+    except ValidationError as exc:
+        raise DataError(f"{path}: invalid trajectory metadata: {exc}") from exc
+    _validate_frame(path, df, checked.source)
+    table = pa.Table.from_pandas(df, schema=arrow_schema(list(df.columns)), preserve_index=False)
+    write_table(path, table, checked.model_dump(mode="json"))
+    return path
+
+
+def read_trajectory(path: str | Path, expect_source: Source | None = None) -> tuple[pd.DataFrame, TrajectoryMeta]:
+    """Read and validate a trajectory file.
+
+    Raises :class:`DataError` naming the file and the field that does not match
+    (missing metadata, wrong schema version, missing or mistyped column, ...).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: trajectory file not found")
+    raw = read_meta(path)
+    try:
+        meta = TrajectoryMeta.model_validate(raw)
+    except ValidationError as exc:
+        fields = ", ".join(".".join(map(str, e["loc"])) + f": {e['msg']}" for e in exc.errors())
+        raise DataError(f"{path}: invalid trajectory metadata ({fields})") from exc
+    if expect_source is not None and meta.source != expect_source:
+        raise DataError(f"{path}: expected source '{expect_source}', file has '{meta.source}'")
+    df = pq.read_table(path).to_pandas()
+    _validate_frame(path, df, meta.source)
+    return df, meta
+
+
+def caps_array(df: pd.DataFrame) -> np.ndarray:
+    """End-cap centres (n, 6, 3) in metres from a trajectory frame."""
+    return df[CAP_COLS].to_numpy().reshape(len(df), 6, 3)

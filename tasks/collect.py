@@ -1,0 +1,188 @@
+"""The ``collect`` stage: run a policy on the hardware and record it (DESIGN §1.1).
+
+:func:`run_collect` does the work (usable without Prefect); :func:`collect` is the
+Prefect task. Its cache key is the iteration's identity (runs folder, campaign,
+iteration, stage version), so a second invocation never runs the hardware again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+from prefect import task
+from prefect.context import TaskRunContext
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipeline.config import LoadedConfigs, config_hash
+from pipeline.hardware import make_robot
+from pipeline.hardware.base import Robot, SensorPacket
+from pipeline.plots import top_view_paths
+from pipeline.policies import Policy, policy_from_name
+from storage.files import atomic_write_bytes, atomic_write_json, sha256_file
+from storage.frames import iter_frames
+from storage.layout import MANIFEST, Ref, RunLayout, read_manifest, write_manifest
+from storage.recording import FRAMES_FILE, GROUNDTRUTH_FILE, Recording, RecordingIdentity
+from storage.tracking import client_for
+from storage.trajectory import caps_array, read_trajectory
+
+STAGE = "collect"
+STAGE_VERSION = "1"
+log = logging.getLogger(__name__)
+
+
+def collect_policy(configs: LoadedConfigs) -> Policy:
+    """The policy the collect stage runs, from ``collect.policy`` in the pipeline config."""
+    c = configs.pipeline.collect
+    return policy_from_name(configs.robot, c.policy, c.gait_cycles, c.random.n_targets, c.random.seed, c.random.levels)
+
+
+def _set_aside_incomplete(stage_dir: Path) -> None:
+    """Keep an earlier, unfinished collection by renaming its folder."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    target = stage_dir.with_name(f"{stage_dir.name}.incomplete-{stamp}")
+    shutil.move(stage_dir, target)
+    log.warning("earlier incomplete collection kept at %s", target)
+
+
+def _existing_complete(stage_dir: Path) -> Ref | None:
+    manifest = stage_dir / MANIFEST
+    if not manifest.is_file():
+        return None
+    payload = json.loads(manifest.read_text())
+    if not payload.get("complete"):
+        return None
+    return Ref(path=str(stage_dir), sha256=sha256_file(manifest))
+
+
+def run_collect(
+    configs: LoadedConfigs, iteration: int, robot: Robot | None = None, show_progress: bool = True
+) -> tuple[Ref, dict[str, float]]:
+    """Execute the configured policy and write the stage output.
+
+    Writes ``<stage>/<policy_id>/{hardware,groundtruth,frames}.parquet``,
+    ``policy.json``, ``plots/*.png`` and the manifest. If the stage already holds a
+    complete collection it is returned untouched (the hardware is not run). If the
+    hardware fails or the run is interrupted, what was recorded is kept, marked
+    incomplete, and the exception propagates.
+    Returns the stage ref and a summary of numeric statistics.
+    """
+    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    stage_dir = layout.stage_dir(iteration, STAGE)
+    existing = _existing_complete(stage_dir)
+    if existing is not None:
+        log.info("collect: reusing complete recording at %s", stage_dir)
+        return existing, read_manifest(existing)["summary"]
+    if stage_dir.exists():
+        _set_aside_incomplete(stage_dir)
+    policy = collect_policy(configs)
+    robot = make_robot(configs) if robot is None else robot
+    c = configs.pipeline.collect
+    folder = stage_dir / policy.policy_id
+    folder.mkdir(parents=True)
+    atomic_write_json(
+        folder / "policy.json", {"name": policy.name, "policy_id": policy.policy_id, "targets": policy.targets.tolist()}
+    )
+    identity = RecordingIdentity(
+        campaign=configs.pipeline.campaign,
+        iteration=iteration,
+        policy_id=policy.policy_id,
+        robot_config_hash=config_hash(configs.robot),
+        sample_rate_hz=configs.robot.pid.control_rate_hz,
+        imu_rods=configs.robot.sensors.imu_rods,
+    )
+    recording = Recording(folder, identity, robot.camera if c.record_frames else None, c.checkpoint_every_s)
+    segments = 0
+    try:
+        robot.reset()
+        with Progress(
+            TextColumn("collect {task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} targets"),
+            TimeElapsedColumn(),
+            disable=not show_progress,
+        ) as bar:
+            job = bar.add_task(policy.policy_id, total=len(policy))
+            for packet in robot.execute(policy, c.segment_timeout_s, record_frames=c.record_frames):
+                recording.add(packet)
+                if isinstance(packet, SensorPacket) and packet.segment != segments:
+                    segments = packet.segment
+                    bar.update(job, completed=segments)
+            bar.update(job, completed=len(policy))
+    except BaseException as exc:
+        robot.stop()
+        recording.close(complete=False, reason=f"{type(exc).__name__}: {exc}")
+        write_manifest(
+            stage_dir,
+            STAGE,
+            complete=False,
+            summary={
+                "policy_id": policy.policy_id,
+                "duration_s": recording.last_t_s,
+                "error": f"{type(exc).__name__}: {exc}",
+            },
+        )
+        raise
+    recording.close(complete=True)
+    summary = _summarise(folder, policy, recording)
+    _write_plots(stage_dir, folder, policy)
+    ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
+    return ref, summary
+
+
+def _summarise(folder: Path, policy: Policy, recording: Recording) -> dict[str, float]:
+    truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
+    caps = caps_array(truth)
+    centroid = caps.mean(axis=1)
+    t = truth["t"].to_numpy()
+    return {
+        "policy_id": policy.policy_id,
+        "n_targets": len(policy),
+        "targets_reached": int(truth["segment"].max()) + 1,
+        "duration_s": float(t[-1] - t[0]),
+        "n_sensor_samples": recording.n_sensor,
+        "n_frames": recording.n_frames,
+        "sample_rate_hz": float((len(t) - 1) / max(t[-1] - t[0], 1e-9)),
+        "centroid_displacement_m": float(np.linalg.norm(centroid[-1, :2] - centroid[0, :2])),
+        "centroid_path_length_m": float(np.linalg.norm(np.diff(centroid[:, :2], axis=0), axis=1).sum()),
+    }
+
+
+def _write_plots(stage_dir: Path, folder: Path, policy: Policy) -> None:
+    truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
+    plots = stage_dir / "plots"
+    atomic_write_bytes(plots / "top_view.png", top_view_paths(caps_array(truth), f"end-cap paths: {policy.policy_id}"))
+    if (folder / FRAMES_FILE).is_file():
+        import cv2
+
+        first = next(iter_frames(folder / FRAMES_FILE), None)
+        if first is not None:
+            ok, png = cv2.imencode(".png", cv2.cvtColor(first.rgb, cv2.COLOR_RGB2BGR))
+            if ok:
+                atomic_write_bytes(plots / "first_frame.png", png.tobytes())
+
+
+def _cache_key(context: TaskRunContext, parameters: dict) -> str:
+    configs: LoadedConfigs = parameters["configs"]
+    identity = f"{configs.pipeline.runs_dir.resolve()}|{configs.pipeline.campaign}|{parameters['iteration']}"
+    return f"{STAGE}-v{STAGE_VERSION}-{hashlib.sha256(identity.encode()).hexdigest()[:24]}"
+
+
+@task(name=STAGE, cache_key_fn=_cache_key, persist_result=True, result_serializer="json")
+def collect(configs: LoadedConfigs, iteration: int, mlflow_run_id: str) -> dict[str, str]:
+    """Prefect task: run :func:`run_collect`, log it to MLflow, return the ref as JSON."""
+    ref, summary = run_collect(configs, iteration)
+    client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
+    for key, value in summary.items():
+        if isinstance(value, int | float):
+            client.log_metric(mlflow_run_id, f"{STAGE}.{key}", float(value), step=iteration)
+    client.set_tag(mlflow_run_id, f"{STAGE}.policy_id", str(summary["policy_id"]))
+    plots = Path(ref.path) / "plots"
+    for png in sorted(plots.glob("*.png")):
+        client.log_artifact(mlflow_run_id, str(png), artifact_path=STAGE)
+    return ref.to_json()
