@@ -7,11 +7,13 @@ without a traceback.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ParamSpec
 
 import typer
 import yaml
@@ -31,6 +33,7 @@ ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="Pipeline con
 IterationOption = Annotated[int, typer.Option("--iteration", "-k", min=1, help="Iteration number (1-based).")]
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config value: key.path=value (YAML).")]
 DEFAULT_CONFIG = Path("configs/pipeline/default.yaml")
+P = ParamSpec("P")
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, object]:
@@ -42,6 +45,23 @@ def parse_overrides(items: list[str] | None) -> dict[str, object]:
             raise ConfigError(f"--set {item!r}: expected key.path=value")
         out[key.strip()] = yaml.safe_load(value)
     return out
+
+
+def user_errors(command: Callable[P, None]) -> Callable[P, None]:
+    """Turn pipeline errors into one red line and exit status 2 (130 on Ctrl-C)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            command(*args, **kwargs)
+        except R2S2RError as exc:
+            console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            console.print("[bold yellow]interrupted[/]: recorded data was kept and marked incomplete")
+            raise typer.Exit(130) from None
+
+    return wrapper
 
 
 def _load(config: Path, overrides: dict[str, object]) -> LoadedConfigs:
@@ -67,18 +87,21 @@ def _run_iteration(config: Path, iteration: int, overrides: dict[str, object], s
 
 
 @app.command()
+@user_errors
 def collect(config: ConfigOption = DEFAULT_CONFIG, iteration: IterationOption = 1, set_: SetOption = None) -> None:
     """Run the collect stage: execute the configured policy on the hardware and record it."""
     _run_iteration(config, iteration, parse_overrides(set_), ["collect"])
 
 
 @app.command()
+@user_errors
 def iterate(config: ConfigOption = DEFAULT_CONFIG, iteration: IterationOption = 1, set_: SetOption = None) -> None:
     """Run one R2S2R iteration (every stage implemented so far), reusing cached stages."""
     _run_iteration(config, iteration, parse_overrides(set_), None)
 
 
 @app.command()
+@user_errors
 def ui(
     config: ConfigOption = DEFAULT_CONFIG, port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 5000
 ) -> None:
@@ -97,21 +120,5 @@ def ui(
 
 
 def main() -> None:
-    """Console-script entry point: run the app, turning user errors into messages."""
-    try:
-        app(standalone_mode=False)
-    except R2S2RError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        console.print("[bold yellow]interrupted[/]: recorded data was kept and marked incomplete")
-        raise SystemExit(130) from None
-    except typer.Exit as exc:
-        raise SystemExit(exc.exit_code) from None
-    except Exception as exc:
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            raise SystemExit(exc.exit_code) from None
-        raise
+    """Console-script entry point."""
+    app()

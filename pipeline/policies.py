@@ -80,7 +80,7 @@ def check_policy(robot: RobotConfig, policy: Policy) -> Policy:
     if bad.any():
         i, j = map(int, np.argwhere(bad)[0])
         raise PolicyError(
-            f"policy '{policy.name}': target {i} cable {j} = {targets[i, j]!r}; expected a number in [0, 1]"
+            f"policy '{policy.name}': target {i} cable {j} = {float(targets[i, j])}; expected a number in [0, 1]"
         )
     rng = robot.actuated_cable.range_m
     for i, target in enumerate(targets):

@@ -146,10 +146,10 @@ def build_cables(robot: RobotConfig, phases_rad: tuple[float, float, float]) -> 
         best = min(
             itertools.permutations(range(3), len(ends)),
             key=lambda perm: sum(
-                np.linalg.norm(world[k] - caps[other]) for k, (_, other) in zip(perm, ends, strict=False)
+                np.linalg.norm(world[k] - caps[other]) for k, (_, other) in zip(perm, ends, strict=True)
             ),
         )
-        for k, (j, _) in zip(best, ends, strict=False):
+        for k, (j, _) in zip(best, ends, strict=True):
             chosen[(j, cap)] = ring[k]
     cables = []
     for j, (a, b) in enumerate(pairs):
@@ -201,3 +201,32 @@ def resting_on_face(robot: RobotConfig, caps: np.ndarray, face: tuple[int, int, 
     out = (caps - p.mean(axis=0)) @ rotation.T
     out[:, 2] += robot.end_cap.radius_m - out[list(face), 2].mean()
     return out
+
+
+def quat_to_rotation(quat: np.ndarray) -> np.ndarray:
+    """Rotation matrices (..., 3, 3) from unit quaternions (..., 4) in (w, x, y, z) order."""
+    q = np.asarray(quat, float)
+    q = q / np.linalg.norm(q, axis=-1, keepdims=True)
+    w, x, y, z = np.moveaxis(q, -1, 0)
+    rows = [
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ]
+    return np.stack([np.stack(r, axis=-1) for r in rows], axis=-2)
+
+
+def cable_lengths_from_poses(cables: list[Cable], rod_pos_m: np.ndarray, rod_quat: np.ndarray) -> np.ndarray:
+    """Distances (..., 9) between each cable's attachment points given rod poses.
+
+    ``rod_pos_m`` (..., 3, 3) rod centres, ``rod_quat`` (..., 3, 4) orientations (w, x, y, z).
+    """
+    rotations = quat_to_rotation(rod_quat)
+    lengths = []
+    for cable in cables:
+        ends = [
+            rod_pos_m[..., end.rod, :] + np.einsum("...ij,j->...i", rotations[..., end.rod, :, :], end.local_m)
+            for end in (cable.a, cable.b)
+        ]
+        lengths.append(np.linalg.norm(ends[0] - ends[1], axis=-1))
+    return np.stack(lengths, axis=-1)

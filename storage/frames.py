@@ -75,7 +75,7 @@ def iter_frames(path: str | Path) -> Iterator[Frame]:
     if parquet.schema_arrow.remove_metadata() != FRAMES_SCHEMA:
         raise DataError(f"{path}: columns {parquet.schema_arrow.names}, expected {FRAMES_SCHEMA.names}")
     for batch in parquet.iter_batches(batch_size=16):
-        for t, rgb_png, depth_png in zip(*(batch.column(i).to_pylist() for i in range(3)), strict=False):
+        for t, rgb_png, depth_png in zip(*(batch.column(i).to_pylist() for i in range(3)), strict=True):
             bgr = cv2.imdecode(np.frombuffer(rgb_png, np.uint8), cv2.IMREAD_COLOR)
             depth = cv2.imdecode(np.frombuffer(depth_png, np.uint8), cv2.IMREAD_UNCHANGED)
             if bgr is None or depth is None or depth.dtype != np.uint16 or bgr.shape[:2] != size or depth.shape != size:

@@ -101,12 +101,12 @@ class Recording:
         """Route one packet to its file; checkpoint when enough robot time has passed."""
         if isinstance(packet, SensorPacket):
             row: dict[str, object] = {"t": packet.t_s, "segment": packet.segment}
-            row.update(zip(TARGET_COLS, map(float, packet.target), strict=False))
-            row.update(zip(CONTROL_COLS, map(float, packet.control), strict=False))
-            row.update(zip(CABLE_COLS, map(float, packet.cable_m), strict=False))
+            row.update(zip(TARGET_COLS, map(float, packet.target), strict=True))
+            row.update(zip(CONTROL_COLS, map(float, packet.control), strict=True))
+            row.update(zip(CABLE_COLS, map(float, packet.cable_m), strict=True))
             for rod in self.identity.imu_rods:
-                row.update(zip(imu_cols(rod), map(float, packet.imu_quat[rod]), strict=False))
-            row.update(zip(MOTOR_COLS, map(float, packet.motor_rad), strict=False))
+                row.update(zip(imu_cols(rod), map(float, packet.imu_quat[rod]), strict=True))
+            row.update(zip(MOTOR_COLS, map(float, packet.motor_rad), strict=True))
             self._hardware.append(row)
             self._current_target = [float(v) for v in packet.target]
             self.n_sensor += 1
@@ -115,10 +115,10 @@ class Recording:
             row = {"t": packet.t_s, "segment": packet.segment}
             if self._current_target is None:
                 raise ValueError("ground-truth packet before any sensor packet")
-            row.update(zip(TARGET_COLS, self._current_target, strict=False))
-            row.update(zip(CAP_COLS, map(float, packet.caps_m.ravel()), strict=False))
-            row.update(zip(ROD_POS_COLS, map(float, packet.rod_pos_m.ravel()), strict=False))
-            row.update(zip(ROD_QUAT_COLS, map(float, packet.rod_quat.ravel()), strict=False))
+            row.update(zip(TARGET_COLS, self._current_target, strict=True))
+            row.update(zip(CAP_COLS, map(float, packet.caps_m.ravel()), strict=True))
+            row.update(zip(ROD_POS_COLS, map(float, packet.rod_pos_m.ravel()), strict=True))
+            row.update(zip(ROD_QUAT_COLS, map(float, packet.rod_quat.ravel()), strict=True))
             self._truth.append(row)
             self.n_truth += 1
         elif isinstance(packet, FramePacket):

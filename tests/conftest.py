@@ -1,0 +1,76 @@
+"""Shared fixtures. Environment variables are set before Prefect/MLflow/MuJoCo import."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+_PREFECT_HOME = tempfile.mkdtemp(prefix="r2s2r-test-prefect-")
+os.environ["PREFECT_HOME"] = _PREFECT_HOME
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+from pipeline.config import LoadedConfigs, TwinConfig, load_all  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PIPELINE = REPO / "configs" / "pipeline" / "default.yaml"
+
+
+def small_twin(twin: TwinConfig) -> TwinConfig:
+    """The default twin with a small, slow camera so tests render quickly."""
+    camera = twin.camera.model_copy(update={"width_px": 320, "height_px": 240, "rate_hz": 5.0})
+    return twin.model_copy(update={"camera": camera})
+
+
+@pytest.fixture(scope="session")
+def default_configs() -> LoadedConfigs:
+    return load_all(DEFAULT_PIPELINE)
+
+
+def write_test_pipeline(folder: Path, campaign: str = "test", n_targets: int = 4, **collect: object) -> Path:
+    """Write a pipeline config (and a small-camera twin config) under ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = load_all(DEFAULT_PIPELINE)
+    twin_path = folder / "twin.yaml"
+    twin_path.write_text(yaml.safe_dump(small_twin(base.twin).model_dump(mode="json")))
+    pipeline = base.pipeline.model_dump(mode="json")
+    pipeline.update(
+        campaign=campaign,
+        runs_dir=str(folder / "runs"),
+        robot_config=str(base.pipeline.robot_config),
+        hardware_config=str(twin_path),
+    )
+    pipeline["collect"]["random"]["n_targets"] = n_targets
+    pipeline["collect"].update(collect)
+    path = folder / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(pipeline))
+    return path
+
+
+@pytest.fixture
+def test_pipeline(tmp_path: Path) -> Path:
+    return write_test_pipeline(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def twin(default_configs: LoadedConfigs):
+    from pipeline.hardware.twin import MujocoTwin
+
+    robot = MujocoTwin(default_configs.robot, small_twin(default_configs.twin))
+    yield robot
+    robot.close()
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One Prefect ephemeral API server for the whole test session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -1,0 +1,53 @@
+"""The r2s2r command line: help texts and readable errors for user mistakes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import DEFAULT_PIPELINE, REPO
+
+
+def _r2s2r(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from flows.cli import main; main()", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("command", ["collect", "iterate", "ui"])
+def test_help(command: str) -> None:
+    result = _r2s2r(command, "--help")
+    assert result.returncode == 0
+    assert "--config" in result.stdout
+
+
+def test_bad_config_is_reported_without_traceback(tmp_path: Path) -> None:
+    data = yaml.safe_load(DEFAULT_PIPELINE.read_text())
+    data["collect"]["segment_timeout_s"] = "soon"
+    data["robot_config"] = str(REPO / "configs" / "robot" / "tribar.yaml")
+    data["hardware_config"] = str(REPO / "configs" / "hardware" / "twin.yaml")
+    data["runs_dir"] = str(tmp_path / "runs")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    result = _r2s2r("collect", "--config", str(bad))
+    assert result.returncode == 2
+    assert "collect.segment_timeout_s" in result.stderr and str(bad) in result.stderr.replace("\n", "")
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_bad_override_and_unknown_option() -> None:
+    result = _r2s2r("iterate", "--set", "collect.random.sed=3")
+    assert result.returncode == 2 and "no field 'sed'" in result.stderr and "Traceback" not in result.stderr
+    result = _r2s2r("iterate", "--set", "novalue")
+    assert result.returncode == 2 and "expected key.path=value" in result.stderr
+    result = _r2s2r("iterate", "--frobnicate")
+    assert result.returncode == 2 and "No such option" in result.stderr

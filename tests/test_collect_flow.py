@@ -1,0 +1,132 @@
+"""The collect stage and the r2s2r_iteration flow (Prefect + MLflow, for real)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import load_all
+from pipeline.errors import HardwareError
+from pipeline.hardware.twin import MujocoTwin
+from pipeline.policies import random_policy
+from storage.frames import iter_frames
+from storage.layout import RunLayout, read_manifest
+from storage.recording import (
+    FRAMES_FILE,
+    GROUNDTRUTH_FILE,
+    HARDWARE_FILE,
+    Recording,
+    RecordingIdentity,
+    recover_recording,
+)
+from storage.tracking import ITERATION_TAG, client_for
+from storage.trajectory import read_trajectory
+from tasks.collect import run_collect
+
+from .conftest import write_test_pipeline
+
+
+def test_run_collect_writes_the_contract(test_pipeline: Path) -> None:
+    configs = load_all(test_pipeline)
+    ref, summary = run_collect(configs, iteration=1, show_progress=False)
+    manifest = read_manifest(ref)
+    assert manifest["complete"] is True
+    folder = Path(ref.path) / summary["policy_id"]
+    hardware, meta = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
+    truth, truth_meta = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
+    assert meta.complete and truth_meta.complete
+    assert meta.iteration == 1 and meta.campaign == "test" and meta.policy_id == summary["policy_id"]
+    assert len(hardware) == len(truth) == summary["n_sensor_samples"]
+    assert {"imu0_qw", "motor_5", "cable_8"} <= set(hardware.columns)
+    assert hardware["segment"].max() == summary["n_targets"] - 1
+    frames = list(iter_frames(folder / FRAMES_FILE))
+    assert len(frames) == summary["n_frames"] > 0
+    assert set(manifest["files"]) >= {
+        f"{summary['policy_id']}/{HARDWARE_FILE}",
+        "plots/top_view.png",
+        "plots/first_frame.png",
+    }
+
+    again, _ = run_collect(configs, iteration=1, show_progress=False)
+    assert again == ref  # complete data are never overwritten
+
+
+def test_disconnect_keeps_partial_recording(tmp_path: Path) -> None:
+    configs = load_all(write_test_pipeline(tmp_path, checkpoint_every_s=0.5))
+    robot = MujocoTwin(configs.robot, configs.twin, fail_after_s=1.3)
+    with pytest.raises(HardwareError, match="connection lost"):
+        run_collect(configs, iteration=1, robot=robot, show_progress=False)
+    stage = RunLayout(configs.pipeline.runs_dir, "test").stage_dir(1, "collect")
+    manifest = json.loads((stage / "manifest.json").read_text())
+    assert manifest["complete"] is False and "connection lost" in manifest["summary"]["error"]
+    folder = next(p for p in stage.iterdir() if p.is_dir() and p.name != "plots")
+    hardware, meta = read_trajectory(folder / HARDWARE_FILE)
+    assert meta.complete is False and "HardwareError" in meta.model_extra["incomplete_reason"]
+    assert len(hardware) == 65  # 1.3 s at 50 Hz: every packet streamed before the fault
+    assert len(list(iter_frames(folder / FRAMES_FILE))) == 7
+
+    # The next attempt keeps the incomplete data aside and records afresh.
+    ref, _ = run_collect(configs, iteration=1, show_progress=False)
+    assert read_manifest(ref)["complete"] is True
+    assert len(list(stage.parent.glob("collect.incomplete-*"))) == 1
+
+
+def test_recover_recording_after_a_killed_process(tmp_path: Path, twin) -> None:
+    twin.reset()
+    identity = RecordingIdentity("c", 1, "p-1", "hash", 50.0, (0, 1, 2))
+    recording = Recording(tmp_path, identity, camera=None, checkpoint_every_s=0.2)
+    for packet in twin.execute(random_policy(twin.robot, 2, seed=1), 8.0, record_frames=False):
+        recording.add(packet)
+        if recording.last_t_s >= 1.0:
+            break  # the process dies here: close() is never called
+    recovered = recover_recording(tmp_path)
+    assert sorted(p.name for p in recovered) == [GROUNDTRUTH_FILE, HARDWARE_FILE]
+    hardware, meta = read_trajectory(tmp_path / HARDWARE_FILE)
+    assert meta.complete is False
+    assert 40 <= len(hardware) <= 51
+    assert np.all(np.diff(hardware["t"]) > 0)
+
+
+def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
+    prefect_server, tmp_path: Path, monkeypatch
+) -> None:
+    from flows.iteration import r2s2r_iteration
+
+    executions = []
+    original = MujocoTwin.execute
+
+    def counting_execute(self, *args, **kwargs):
+        executions.append(1)
+        yield from original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MujocoTwin, "execute", counting_execute)
+    config = str(write_test_pipeline(tmp_path, campaign="flowtest", n_targets=2))
+    first = r2s2r_iteration(config, iteration=1)
+    second = r2s2r_iteration(config, iteration=1)
+    assert executions == [1]
+    assert first["stages"]["collect"]["cached"] is False
+    assert second["stages"]["collect"]["cached"] is True
+    assert second["stages"]["collect"]["ref"] == first["stages"]["collect"]["ref"]
+    assert first["mlflow_run_id"] == second["mlflow_run_id"]
+
+    third = r2s2r_iteration(config, iteration=2)
+    assert executions == [1, 1]
+    assert third["mlflow_run_id"] != first["mlflow_run_id"]
+
+    configs = load_all(config)
+    client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
+    experiment = client.get_experiment_by_name("flowtest")
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(r.data.tags[ITERATION_TAG] for r in runs) == ["1", "2"]
+    run = client.get_run(first["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["robot.pid.kp"] == "6.0"
+    assert run.data.params["pipeline.collect.policy"] == "random"
+    assert run.data.metrics["collect.n_frames"] > 0
+    assert run.data.metrics["collect.duration_s"] > 1.0
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "collect")}
+    assert artifacts == {"collect/top_view.png", "collect/first_frame.png"}
+    assert "prefect.flow_run_id" in run.data.tags
