@@ -10,7 +10,7 @@ import pytest
 from pipeline.control import PID, motor_speed_rad_s, rest_length_change_m
 from pipeline.errors import PolicyError
 from pipeline.gaits.published import ROLLING_UNIT, published_gait
-from pipeline.gaits.symmetry import shift_left, shift_right
+from pipeline.gaits.symmetry import FACES, bottom_face, count_rolls, shift_left, shift_right
 from pipeline.policies import Policy, check_policy, gait_policy, random_policy
 
 
@@ -125,3 +125,14 @@ def test_published_gaits(default_configs) -> None:
     np.testing.assert_array_equal(rolling.targets[:6], published_gait("rolling"))
     with pytest.raises(PolicyError, match="unknown gait 'hop'"):
         gait_policy(robot, "hop", 1)
+
+
+def test_bottom_face_and_roll_counting() -> None:
+    caps = np.zeros((6, 3))
+    caps[:, 2] = [0.02, 0.2, 0.02, 0.08, 0.2, 0.02]  # rest pose: caps 0, 2, 5 down, 3 close
+    assert FACES[bottom_face(caps)] == (0, 2, 3, 5)
+    caps[:, 2] = [0.2, 0.02, 0.02, 0.2, 0.06, 0.02]
+    assert FACES[bottom_face(caps)] == (1, 2, 4, 5)
+    assert count_rolls([0, 0, 1, 1, 2, 2, 0, 0], min_dwell=2) == (3, 0)
+    assert count_rolls([0, 0, 2, 2, 1, 1], min_dwell=2) == (0, 2)
+    assert count_rolls([0, 0, 1, 0, 0, 1, 0, 0], min_dwell=2) == (0, 0)  # rocking is not rolling
