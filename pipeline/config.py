@@ -161,6 +161,11 @@ class TwinMotorConfig(StrictModel):
     speed_scale: tuple[Positive, Positive, Positive, Positive, Positive, Positive] = Field(
         description="Per-motor multiplier on omega_max (manufacturing spread)."
     )
+    time_constant_s: NonNegative = Field(
+        default=0.0,
+        description="First-order lag of the motor speed behind its command (rotor and gearbox inertia); "
+        "0 = instant. With a lag the winch keeps turning, decelerating, after the PID enters its dead band.",
+    )
 
 
 class TwinCableConfig(StrictModel):

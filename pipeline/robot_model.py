@@ -83,7 +83,6 @@ def reference_prism(robot: RobotConfig) -> np.ndarray:
         angle = 2 * np.pi * i / 3
         caps[odd] = [radius * np.cos(angle), radius * np.sin(angle), 0.0]
         caps[even] = [radius * np.cos(angle + twist), radius * np.sin(angle + twist), height]
-    caps[:, 0] *= -1.0
     return caps - caps.mean(axis=0)
 
 
@@ -230,3 +229,16 @@ def cable_lengths_from_poses(cables: list[Cable], rod_pos_m: np.ndarray, rod_qua
         ]
         lengths.append(np.linalg.norm(ends[0] - ends[1], axis=-1))
     return np.stack(lengths, axis=-1)
+
+
+def principal_axis(caps_m: np.ndarray) -> np.ndarray:
+    """Unit vector (..., 3) from the centroid of caps 1, 3, 5 to that of caps 0, 2, 4 (seed 002)."""
+    caps = np.asarray(caps_m)
+    axis = caps[..., [0, 2, 4], :].mean(axis=-2) - caps[..., [1, 3, 5], :].mean(axis=-2)
+    return axis / np.linalg.norm(axis, axis=-1, keepdims=True)
+
+
+def heading_rad(caps_m: np.ndarray) -> np.ndarray:
+    """Heading (...,) in rad: the principal axis projected on the ground, rotated +90 deg about z."""
+    axis = principal_axis(caps_m)
+    return np.arctan2(axis[..., 1], axis[..., 0]) + np.pi / 2

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from pipeline.errors import HardwareError
+from pipeline.gaits.symmetry import bottom_face, count_rolls
 from pipeline.hardware.base import FramePacket, GroundTruthPacket, SensorPacket
 from pipeline.hardware.twin import MujocoTwin
-from pipeline.policies import Policy, random_policy
-from pipeline.robot_model import cable_lengths_from_poses, quat_to_rotation
+from pipeline.policies import Policy, gait_policy, random_policy
+from pipeline.robot_model import cable_lengths_from_poses, heading_rad, quat_to_rotation
 
 from .conftest import small_twin
 
@@ -138,3 +139,27 @@ def test_injected_disconnect_raises_after_streaming(default_configs) -> None:
         for packet in twin.execute(random_policy(default_configs.robot, 3, seed=0), 8.0, record_frames=False):
             received.append(packet)
     assert sum(isinstance(p, SensorPacket) for p in received) == 25
+
+
+def _gait_outcome(twin: MujocoTwin, name: str):
+    policy = gait_policy(twin.robot, name, cycles=1)
+    _, truth, _ = _run(twin, policy)
+    caps = np.array([p.caps_m for p in truth])
+    faces = np.array([bottom_face(c) for c in caps])
+    yaw = np.unwrap(heading_rad(caps))
+    return caps, faces, np.degrees(yaw[-1] - yaw[0])
+
+
+def test_published_rolling_gait_rolls_forward_three_faces(twin) -> None:
+    caps, faces, _ = _gait_outcome(twin, "rolling")
+    assert count_rolls(faces, min_dwell=25) == (3, 0)
+    assert faces[0] == faces[-1] == 0
+    centroid = caps.mean(axis=1)
+    assert np.linalg.norm(centroid[-1, :2] - centroid[0, :2]) > 0.3
+
+
+def test_published_turning_gaits_turn_in_their_published_sense(twin) -> None:
+    _, _, ccw = _gait_outcome(twin, "ccw")
+    _, _, cw = _gait_outcome(twin, "cw")
+    assert ccw > 5.0  # counter-clockwise: heading increases
+    assert cw < -5.0

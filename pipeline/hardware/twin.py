@@ -75,6 +75,9 @@ class MujocoTwin(Robot):
         self._steps_per_tick = max(1, round(1.0 / (robot.pid.control_rate_hz * dt)))
         self._latency_steps = round(twin.control_latency_s / dt)
         self._omega_max = twin.motor.omega_max_rad_s * np.asarray(twin.motor.speed_scale)
+        tau = twin.motor.time_constant_s
+        # exact discretisation of d(omega)/dt = (omega_cmd - omega) / tau over one physics step
+        self._motor_lag = float(np.exp(-dt / tau)) if tau > 0 else 0.0
         c = twin.cables
         self._k = np.r_[np.full(N_ACTUATED, c.actuated_stiffness_n_per_m), np.full(3, c.passive_stiffness_n_per_m)]
         self._k3 = np.r_[np.zeros(N_ACTUATED), np.full(3, c.passive_cubic_stiffness_n_per_m3)]
@@ -100,6 +103,8 @@ class MujocoTwin(Robot):
         """Advance one physics step with motor commands ``u`` (6,) applied."""
         dt = self.model.opt.timestep
         omega = motor_speed_rad_s(self.robot.motor.speed, self._omega_max, u)
+        if self._motor_lag > 0.0:
+            omega = omega + (self._omega_prev - omega) * self._motor_lag
         self._rest_length[:N_ACTUATED] = np.clip(
             self._rest_length[:N_ACTUATED]
             - rest_length_change_m(self._omega_prev, omega, self.robot.motor.winch_radius_m, dt),
