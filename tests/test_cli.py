@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -51,3 +56,45 @@ def test_bad_override_and_unknown_option() -> None:
     assert result.returncode == 2 and "expected key.path=value" in result.stderr
     result = _r2s2r("iterate", "--frobnicate")
     assert result.returncode == 2 and "No such option" in result.stderr
+
+
+def test_ui_serves_mlflow_on_loopback(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    data = yaml.safe_load(DEFAULT_PIPELINE.read_text())
+    data["robot_config"] = str(REPO / "configs" / "robot" / "tribar.yaml")
+    data["hardware_config"] = str(REPO / "configs" / "hardware" / "twin.yaml")
+    data["runs_dir"] = str(tmp_path / "runs")
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump(data))
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from flows.cli import main; main()",
+            "ui",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        status = None
+        while time.monotonic() < deadline and status is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                    status = response.status
+            except OSError:
+                time.sleep(0.5)
+        assert status == 200
+        assert (tmp_path / "runs" / "mlflow.db").exists()
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
