@@ -5,21 +5,45 @@ The PID works on normalised cable lengths (0 = ``min_length_m``, 1 = ``min_lengt
 command; ``u > 0`` winds the winch in and shortens the cable. A cable whose error
 is within the tolerance gets ``u = 0`` (dead band), and a target is reached when
 every actuated cable is within the tolerance at once.
+
+The functions use only arithmetic, comparisons and ``.clip``, so the same code
+runs on NumPy arrays (the twin) and on batched torch tensors (the engine, with
+gradients).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 from pipeline.config import PIDConfig
 from pipeline.robot_model import N_ACTUATED
 
+Array = TypeVar("Array")
+
+
+def pid_update(
+    gains: PIDConfig, error: Array, integral: Array, previous_error: Array | None, dt_s: float
+) -> tuple[Array, Array]:
+    """One PID tick on normalised errors ``error = position - target`` (..., 6).
+
+    Returns ``(u, integral)``: commands clipped to [-1, 1], zero inside the dead
+    band (where the integral is also reset). ``previous_error`` None means no
+    derivative term (first tick of a segment).
+    """
+    active = abs(error) >= gains.tolerance
+    integral = (integral + error * dt_s) * active
+    u = gains.kp * error + gains.ki * integral
+    if previous_error is not None:
+        u = u + gains.kd * (error - previous_error) / dt_s
+    return u.clip(-1.0, 1.0) * active, integral
+
 
 @dataclass
 class PID:
-    """Discrete PID over the six actuated cables, stepped at ``gains.control_rate_hz``."""
+    """Stateful NumPy PID over the six actuated cables, stepped at ``gains.control_rate_hz``."""
 
     gains: PIDConfig
     integral: np.ndarray = field(default_factory=lambda: np.zeros(N_ACTUATED))
@@ -39,29 +63,21 @@ class PID:
         return np.abs(np.asarray(position) - np.asarray(target)) < self.gains.tolerance
 
     def step(self, position: np.ndarray, target: np.ndarray) -> np.ndarray:
-        """One control tick.
-
-        ``position`` and ``target`` are normalised cable lengths, shape (6,).
-        Returns motor commands ``u`` (6,) in [-1, 1].
-        """
+        """One control tick: normalised ``position`` and ``target`` (6,) -> commands ``u`` (6,)."""
         error = np.asarray(position, float) - np.asarray(target, float)
-        done = np.abs(error) < self.gains.tolerance
-        self.integral = np.where(done, 0.0, self.integral + error * self.dt_s)
-        derivative = np.zeros(N_ACTUATED) if self.previous_error is None else (error - self.previous_error) / self.dt_s
+        u, self.integral = pid_update(self.gains, error, self.integral, self.previous_error, self.dt_s)
         self.previous_error = error
-        u = self.gains.kp * error + self.gains.ki * self.integral + self.gains.kd * derivative
-        return np.where(done, 0.0, np.clip(u, -1.0, 1.0))
+        return u
 
 
-def motor_speed_rad_s(speed: float, omega_max_rad_s: np.ndarray | float, u: np.ndarray) -> np.ndarray:
+def motor_speed_rad_s(speed: float | Array, omega_max_rad_s: float | Array, u: Array) -> Array:
     """Motor angular speed (rad/s) for command ``u``: omega = s * omega_max * u.
 
-    ``speed`` is the firmware speed setting s in [0, 1]; ``omega_max_rad_s`` may be
-    given per motor, shape (6,).
+    ``speed`` is the speed setting s; ``omega_max_rad_s`` may be given per motor.
     """
-    return speed * np.asarray(omega_max_rad_s) * np.asarray(u)
+    return speed * omega_max_rad_s * u
 
 
-def rest_length_change_m(omega_prev: np.ndarray, omega: np.ndarray, winch_radius_m: float, dt_s: float) -> np.ndarray:
+def rest_length_change_m(omega_prev: Array, omega: Array, winch_radius_m: float, dt_s: float) -> Array:
     """Trapezoidal change of rest length over one step; positive values shorten the cable."""
     return 0.5 * (omega + omega_prev) * winch_radius_m * dt_s
