@@ -15,6 +15,7 @@ from pipeline.errors import R2S2RError
 
 BOUNDS: dict[str, tuple[float, float]] = {
     "motor_speed": (0.01, 2.0),  # s in omega = s * omega_max * u (dimensionless)
+    "motor_time_constant": (0.0, 0.5),  # s, first-order lag of motor speed behind its command
     "friction": (0.0, 2.0),  # Coulomb coefficient, ground
     "restitution": (0.0, 1.0),  # ground
     "actuated_stiffness": (1.0, 1e4),  # N/m
@@ -26,6 +27,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
 }
 UNITS = {
     "motor_speed": "1",
+    "motor_time_constant": "s",
     "friction": "1",
     "restitution": "1",
     "actuated_stiffness": "N/m",
@@ -46,6 +48,7 @@ class Params:
     """Per-environment engine parameters, each a (B,) tensor in SI units (see :data:`UNITS`)."""
 
     motor_speed: torch.Tensor
+    motor_time_constant: torch.Tensor
     friction: torch.Tensor
     restitution: torch.Tensor
     actuated_stiffness: torch.Tensor
@@ -90,11 +93,14 @@ class Params:
         device: torch.device | str = "cpu",
         restitution: float = 0.0,
         friction: float = 0.8,
+        motor_time_constant: float = 0.0,
         **overrides: float,
     ) -> Params:
-        """Nominal parameters from the robot config (ground values are not in it: given here)."""
+        """Nominal parameters from the robot config; ground contact and motor lag are not in it and
+        are given here."""
         values = {
             "motor_speed": robot.motor.speed,
+            "motor_time_constant": motor_time_constant,
             "friction": friction,
             "restitution": restitution,
             "actuated_stiffness": robot.actuated_cable.stiffness_n_per_m,

@@ -1,0 +1,244 @@
+"""Differentiable, batched tensegrity engine (DESIGN §7).
+
+State per environment and rod: position, unit quaternion, linear and angular
+velocity (world frame), plus the six actuated cables' rest lengths and motor
+speeds. :meth:`Engine.step` advances all environments by one time step:
+
+1. motors: omega = s * omega_max * u, trapezoidal rest-length update (seed 001 App. C);
+2. tension-only cables with damping between attachment points on the end-cap
+   surfaces; passive tendons linear + cubic; gravity;
+3. semi-implicit Euler for velocities (Euler's equations in the body frame);
+4. ground contact on the end-cap and motor spheres: impulses with restitution
+   and Coulomb friction, detached per seed 000 (every rod is actuated), shared
+   between a rod's simultaneous contacts (Jacobi);
+5. positions and orientations, then a detached position correction that puts
+   penetrating points where the time of impact says they should be.
+
+Shapes: B environments, 3 rods, 6 caps, 9 cables. Units SI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from pipeline.control import motor_speed_rad_s, rest_length_change_m
+from pipeline.physics.contact import friction_impulse, normal_impulse, time_of_impact
+from pipeline.physics.model import RobotModel
+from pipeline.physics.params import Params
+from pipeline.physics.rotations import quat_integrate, quat_to_matrix
+
+REST_LENGTH_LIMITS_M = (0.02, 0.40)
+
+
+@dataclass(frozen=True)
+class State:
+    """Engine state. ``pos`` (B, 3, 3) m, ``quat`` (B, 3, 4) (w, x, y, z), ``vel`` (B, 3, 3) m/s,
+    ``omega`` (B, 3, 3) rad/s (world), ``rest_length`` (B, 6) m, ``motor_omega`` (B, 6) rad/s."""
+
+    pos: torch.Tensor
+    quat: torch.Tensor
+    vel: torch.Tensor
+    omega: torch.Tensor
+    rest_length: torch.Tensor
+    motor_omega: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.pos.shape[0])
+
+    def replace(self, **values: torch.Tensor) -> State:
+        return replace(self, **values)
+
+    def detach(self) -> State:
+        return State(**{f.name: getattr(self, f.name).detach() for f in fields(self)})
+
+    def index(self, envs: torch.Tensor | slice) -> State:
+        """The sub-batch ``envs``."""
+        return State(**{f.name: getattr(self, f.name)[envs] for f in fields(self)})
+
+
+def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cross product on the last axis, broadcasting (faster than linalg.cross for many small vectors)."""
+    a0, a1, a2 = a.unbind(-1)
+    b0, b1, b2 = b.unbind(-1)
+    return torch.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], dim=-1)
+
+
+class Engine:
+    """Steps a batch of robots; ``dt`` is the physics time step (s).
+
+    ``bounce_speed`` (m/s): approach speeds below it get no restitution, so
+    resting contacts do not jitter.
+    """
+
+    def __init__(
+        self, model: RobotModel, dt: float = 0.001, gravity_m_s2: float = 9.81, bounce_speed: float = 0.05
+    ) -> None:
+        self.model = model
+        self.dt = dt
+        self.bounce_speed = bounce_speed
+        robot = model.robot
+        self.omega_max = robot.motor.omega_max_rad_s
+        self.winch_radius = robot.motor.winch_radius_m
+        self._gravity_force = torch.zeros(3, 3, dtype=model.dtype, device=model.device)
+        self._gravity_force[:, 2] = -model.mass * gravity_m_s2
+        self._contact_local = model.local_points.reshape(-1, 3)[model.contact_index]
+        self._contact_rod = model.contact_index // model.local_points.shape[1]
+        self._cable_ends = torch.cat([model.cable_a, model.cable_b])
+        self._n_points = model.local_points.shape[0] * model.local_points.shape[1]
+
+    # ----------------------------------------------------------------- geometry
+    def _points(self, state: State, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """All body-fixed points: world positions and lever arms, each (B, 3, K, 3)."""
+        arms = (rotations[:, :, None] * self.model.local_points[None, :, :, None, :]).sum(-1)
+        return state.pos[:, :, None] + arms, arms
+
+    def cap_positions(self, state: State) -> torch.Tensor:
+        """End-cap centres (B, 6, 3) in metres."""
+        points, _ = self._points(state, quat_to_matrix(state.quat))
+        return points.reshape(state.batch_size, -1, 3)[:, self.model.cap_index]
+
+    def cable_lengths(self, state: State) -> torch.Tensor:
+        """Distances (B, 9) between each cable's attachment points (m)."""
+        points, _ = self._points(state, quat_to_matrix(state.quat))
+        flat = points.reshape(state.batch_size, -1, 3)
+        return (flat[:, self.model.cable_b] - flat[:, self.model.cable_a]).norm(dim=-1)
+
+    def _to_world(self, rotations: torch.Tensor, body: torch.Tensor) -> torch.Tensor:
+        return (rotations * body[..., None, :]).sum(-1)
+
+    def _to_body(self, rotations: torch.Tensor, world: torch.Tensor) -> torch.Tensor:
+        return (rotations * world[..., :, None]).sum(-2)
+
+    def _rod_sums(
+        self, arms: torch.Tensor, point_vectors: torch.Tensor, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Total force and torque (each (B, 3, 3)) of vectors (B, N, 3) applied at flat points ``index``."""
+        batch = arms.shape[0]
+        at_points = torch.zeros(batch, self._n_points, 3, dtype=arms.dtype, device=arms.device)
+        at_points = at_points.index_copy(1, index, point_vectors).reshape(arms.shape)
+        return at_points.sum(2), _cross(arms, at_points).sum(2)
+
+    # ----------------------------------------------------------------- dynamics
+    def cable_tensions(
+        self, params: Params, points: torch.Tensor, velocities: torch.Tensor, rest_length: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tensions (B, 9) in N and unit directions (B, 9, 3) from end a to end b."""
+        m = self.model
+        delta = points[:, m.cable_b] - points[:, m.cable_a]
+        length = delta.norm(dim=-1)
+        direction = delta / length[..., None]
+        speed = ((velocities[:, m.cable_b] - velocities[:, m.cable_a]) * direction).sum(-1)
+        batch = points.shape[0]
+        rest_all = torch.cat([rest_length, params.passive_rest_length[:, None].expand(batch, 3)], dim=-1)
+        k = torch.cat(
+            [params.actuated_stiffness[:, None].expand(batch, 6), params.passive_stiffness[:, None].expand(batch, 3)],
+            dim=-1,
+        )
+        k3 = torch.cat([torch.zeros_like(rest_length), params.passive_cubic_stiffness[:, None].expand(batch, 3)], -1)
+        c = torch.cat(
+            [params.actuated_damping[:, None].expand(batch, 6), params.passive_damping[:, None].expand(batch, 3)],
+            dim=-1,
+        )
+        stretch = length - rest_all
+        tension = (k * stretch + k3 * stretch**3 + c * speed).clamp(min=0.0) * (stretch > 0)
+        return tension, direction
+
+    def step(self, params: Params, state: State, control: torch.Tensor) -> State:
+        """Advance every environment by ``dt`` with motor commands ``control`` (B, 6) in [-1, 1]."""
+        m = self.model
+        dt = self.dt
+        batch = state.batch_size
+        omega_cmd = motor_speed_rad_s(params.motor_speed[:, None], self.omega_max, control)
+        lag = torch.exp(-dt / params.motor_time_constant.clamp(min=1e-6))[:, None]
+        omega_motor = omega_cmd + (state.motor_omega - omega_cmd) * lag
+        rest = state.rest_length - rest_length_change_m(state.motor_omega, omega_motor, self.winch_radius, dt)
+        rest = rest.clamp(*REST_LENGTH_LIMITS_M)
+
+        rotations = quat_to_matrix(state.quat)
+        points, arms = self._points(state, rotations)
+        point_vel = state.vel[:, :, None] + _cross(state.omega[:, :, None], arms)
+        flat_points = points.reshape(batch, -1, 3)
+        flat_vel = point_vel.reshape(batch, -1, 3)
+        tension, direction = self.cable_tensions(params, flat_points, flat_vel, rest)
+        pull = tension[..., None] * direction
+        force, torque = self._rod_sums(arms, torch.cat([pull, -pull], dim=1), self._cable_ends)
+        force = force + self._gravity_force
+
+        vel = state.vel + force / m.mass[:, None] * dt
+        w_body = self._to_body(rotations, state.omega)
+        t_body = self._to_body(rotations, torque)
+        w_body = w_body + dt * (t_body - _cross(w_body, w_body * m.inertia)) / m.inertia
+        omega = self._to_world(rotations, w_body)
+
+        vel, omega, bounce_height = self._ground_contact(params, state, vel, omega, rotations, arms)
+
+        pos = state.pos + vel * dt
+        quat = quat_integrate(state.quat, omega, dt)
+        new_rotations = quat_to_matrix(quat)
+        pos = pos + self._penetration_correction(pos, new_rotations, bounce_height).detach()
+        return State(pos=pos, quat=quat, vel=vel, omega=omega, rest_length=rest, motor_omega=omega_motor)
+
+    def _ground_contact(
+        self,
+        params: Params,
+        state: State,
+        vel: torch.Tensor,
+        omega: torch.Tensor,
+        rotations: torch.Tensor,
+        arms: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """Contact impulses on the free-motion velocities ``vel``, ``omega`` (B, 3, 3).
+
+        Returns the new velocities and, per contact, the height above ground that
+        the time of impact puts the point at after the step (0 unless bouncing).
+        """
+        m = self.model
+        dt = self.dt
+        batch = state.batch_size
+        flat_arms = arms.reshape(batch, -1, 3)
+        arm = flat_arms[:, m.contact_index]
+        rods = self._contact_rod
+        point = state.pos[:, rods] + arm
+        v_point = vel[:, rods] + _cross(omega[:, rods], arm)
+        gap = point[..., 2] - m.contact_radius
+        v_n = v_point[..., 2]
+        active = gap + v_n * dt < 0
+        inv_mass = 1.0 / m.mass[rods]
+        inv_inertia = 1.0 / m.inertia
+        rot = rotations[:, rods].detach()
+        normal_body = rot[..., 2, :]  # R^T z: the world z axis in each rod's frame
+        lever_n = _cross(self._contact_local, normal_body)
+        w_n = inv_mass + (lever_n * lever_n * inv_inertia).sum(-1)
+        share = 1.0 / torch.matmul(active.to(arm.dtype), m.contact_incidence).clamp(min=1.0)[:, rods]
+        e = params.restitution[:, None].expand_as(gap)
+        j_n = normal_impulse(v_n, w_n, e, active, detach=True, bounce_speed=self.bounce_speed)
+        v_t = torch.stack([v_point[..., 0], v_point[..., 1], torch.zeros_like(v_n)], dim=-1)
+        t_world = v_t.detach() / (v_t.detach().norm(dim=-1, keepdim=True) + 1e-12)
+        lever_t = _cross(self._contact_local, self._to_body(rot, t_world))
+        w_t = inv_mass + (lever_t * lever_t * inv_inertia).sum(-1)
+        mu = params.friction[:, None].expand_as(gap)
+        friction = friction_impulse(v_t, w_t, mu, j_n, detach=True)
+        impulse = friction + torch.stack([torch.zeros_like(j_n), torch.zeros_like(j_n), j_n], dim=-1)
+        impulse = impulse * (share * active)[..., None]
+        d_momentum, d_angular = self._rod_sums(arms.detach(), impulse, m.contact_index)
+        vel = vel + d_momentum / m.mass[:, None]
+        omega = omega + self._to_world(rotations.detach(), self._to_body(rotations.detach(), d_angular) / m.inertia)
+        bouncing = active & (v_n < -self.bounce_speed)
+        toi = time_of_impact(gap.detach(), v_n.detach(), dt)
+        bounce_height = torch.where(bouncing, -params.restitution[:, None] * v_n.detach() * (1 - toi) * dt, 0.0)
+        return vel, omega, bounce_height
+
+    def _penetration_correction(
+        self, pos: torch.Tensor, rotations: torch.Tensor, target_height: torch.Tensor
+    ) -> torch.Tensor:
+        """Upward translation (B, 3, 3) of each rod that lifts its lowest contact point to its
+        time-of-impact height (0 for resting contacts)."""
+        m = self.model
+        arm = self._to_world(rotations[:, self._contact_rod], self._contact_local)
+        height = pos[:, self._contact_rod, 2] + arm[..., 2] - m.contact_radius
+        deficit = (target_height - height).clamp(min=0.0)
+        lift = (deficit[..., None] * m.contact_incidence).amax(dim=1)
+        return torch.stack([torch.zeros_like(lift), torch.zeros_like(lift), lift], dim=-1)

@@ -1,0 +1,186 @@
+"""Policy rollouts with the firmware PID inside the engine, and initial states.
+
+:func:`run_policy` executes a policy exactly as the robot does (the same PID,
+dead band, tolerance and segment logic as :class:`~pipeline.hardware.twin.MujocoTwin`),
+batched: every environment advances through its targets on its own schedule.
+:func:`state_from_caps` and :func:`settle` turn a trajectory's first frame
+(end-cap positions only) into an engine state at rest on the ground (seed 000).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipeline.config import PIDConfig
+from pipeline.control import pid_update
+from pipeline.physics.engine import Engine, State
+from pipeline.physics.params import Params
+from pipeline.physics.rotations import matrix_to_quat
+from pipeline.robot_model import N_ACTUATED, rod_frames
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What a rollout recorded at every control tick.
+
+    ``t_s`` (T,) s; ``caps_m`` (B, T, 6, 3) end-cap centres; ``segment`` (B, T) index
+    of the target being executed; ``control`` (B, T, 6) motor commands;
+    ``finished`` (B, T) whether the environment had completed its policy.
+    """
+
+    t_s: torch.Tensor
+    caps_m: torch.Tensor
+    segment: torch.Tensor
+    control: torch.Tensor
+    finished: torch.Tensor
+
+    def caps_at(self, times_s: torch.Tensor) -> torch.Tensor:
+        """End caps (B, N, 6, 3) at the ticks nearest to ``times_s`` (N,)."""
+        index = torch.bucketize(times_s.to(self.t_s.dtype), self.t_s).clamp(max=len(self.t_s) - 1)
+        return self.caps_m[:, index]
+
+
+def run_policy(
+    engine: Engine,
+    params: Params,
+    state: State,
+    targets: torch.Tensor,
+    pid: PIDConfig,
+    segment_timeout_s: float,
+    final_hold_s: float = 1.0,
+    latency_s: float = 0.0,
+    max_time_s: float | None = None,
+) -> tuple[State, Trace]:
+    """Run ``targets`` ((S, 6) shared or (B, S, 6) per environment) from ``state``.
+
+    Each control tick reads the actuated cable lengths, advances an environment to
+    its next target when all six are within ``pid.tolerance`` (or the segment timed
+    out), runs the PID, and holds the command for the physics steps of the tick;
+    commands reach the motors ``latency_s`` later. After the last target is reached
+    an environment is held for ``final_hold_s`` and then stops commanding. Returns
+    the final state and the :class:`Trace` (differentiable in ``params`` and ``state``).
+    """
+    robot = engine.model.robot
+    batch = state.batch_size
+    dtype, device = state.pos.dtype, state.pos.device
+    targets = torch.as_tensor(targets, dtype=dtype, device=device)
+    if targets.dim() == 2:
+        targets = targets.expand(batch, *targets.shape)
+    n_segments = targets.shape[1]
+    tick_s = 1.0 / pid.control_rate_hz
+    substeps = max(1, round(tick_s / engine.dt))
+    lo, span = robot.actuated_cable.min_length_m, robot.actuated_cable.range_m
+    segment = torch.zeros(batch, dtype=torch.long, device=device)
+    segment_start = torch.zeros(batch, dtype=dtype, device=device)
+    hold_until = torch.full((batch,), math.inf, dtype=dtype, device=device)
+    integral = torch.zeros(batch, N_ACTUATED, dtype=dtype, device=device)
+    previous = torch.zeros_like(integral)
+    has_previous = torch.zeros(batch, 1, dtype=torch.bool, device=device)
+    pending: deque[torch.Tensor] = deque(torch.zeros_like(integral) for _ in range(round(latency_s / tick_s)))
+    times, caps, segments, controls, finished_log = [], [], [], [], []
+    tick = 0
+    while True:
+        t = tick * tick_s
+        position = (engine.cable_lengths(state)[:, :N_ACTUATED] - lo) / span
+        target = targets[torch.arange(batch, device=device), segment]
+        holding = torch.isfinite(hold_until)
+        reached = (torch.abs(position - target) < pid.tolerance).all(-1)
+        advance = (reached | (t - segment_start >= segment_timeout_s)) & ~holding
+        last = segment == n_segments - 1
+        hold_until = torch.where(advance & last, torch.full_like(hold_until, t + final_hold_s), hold_until)
+        moving_on = advance & ~last
+        segment = segment + moving_on.long()
+        segment_start = torch.where(moving_on, torch.full_like(segment_start, t), segment_start)
+        integral = integral * ~moving_on[:, None]
+        has_previous = has_previous & ~moving_on[:, None]
+        finished = t >= hold_until
+        target = targets[torch.arange(batch, device=device), segment]
+        error = position - target
+        u, integral = pid_update(pid, error, integral, torch.where(has_previous, previous, error), tick_s)
+        u = u * ~finished[:, None]
+        previous, has_previous = error, torch.ones_like(has_previous)
+        times.append(t)
+        caps.append(engine.cap_positions(state))
+        segments.append(segment)
+        controls.append(u)
+        finished_log.append(finished)
+        if bool(finished.all()) or (max_time_s is not None and t >= max_time_s):
+            break
+        pending.append(u)
+        applied = pending.popleft()
+        for _ in range(substeps):
+            state = engine.step(params, state, applied)
+        tick += 1
+    trace = Trace(
+        t_s=torch.tensor(times, dtype=dtype, device=device),
+        caps_m=torch.stack(caps, dim=1),
+        segment=torch.stack(segments, dim=1),
+        control=torch.stack(controls, dim=1),
+        finished=torch.stack(finished_log, dim=1),
+    )
+    return state, trace
+
+
+def state_from_caps(engine: Engine, params: Params, caps_m: torch.Tensor | np.ndarray) -> State:
+    """Engine state (at rest, not yet settled) from end-cap centres (B, 6, 3) or (6, 3).
+
+    Each rod's centre and axis come from its two caps (its length is kept at the
+    model's); its roll about the axis, which caps cannot show, follows the model
+    convention (body x away from the robot's centroid). Actuated rest lengths are
+    set so the cables carry the tension that balances the passive tendons in a
+    3-prism (passive tension / sqrt(3)), and :func:`settle` should follow.
+    """
+    model = engine.model
+    robot = model.robot
+    caps = np.asarray(torch.as_tensor(caps_m).detach().cpu(), dtype=float)
+    if caps.ndim == 2:
+        caps = np.broadcast_to(caps, (params.batch_size, 6, 3))
+    if caps.shape != (params.batch_size, 6, 3) or not np.isfinite(caps).all():
+        raise ValueError(f"caps_m must be finite with shape ({params.batch_size}, 6, 3), got {caps.shape}")
+    frames = [rod_frames(robot, c) for c in caps]
+    dtype, device = model.dtype, model.device
+    pos = torch.tensor(np.stack([f[0] for f in frames]), dtype=dtype, device=device)
+    rot = torch.tensor(np.stack([f[1] for f in frames]), dtype=dtype, device=device)
+    batch = params.batch_size
+    zeros = torch.zeros(batch, N_ACTUATED, dtype=dtype, device=device)
+    state = State(
+        pos=pos,
+        quat=matrix_to_quat(rot),
+        vel=torch.zeros_like(pos),
+        omega=torch.zeros_like(pos),
+        rest_length=zeros,
+        motor_omega=zeros,
+    )
+    lengths = engine.cable_lengths(state)
+    stretch = (lengths[:, N_ACTUATED:] - params.passive_rest_length[:, None]).clamp(min=0)
+    passive = params.passive_stiffness[:, None] * stretch + params.passive_cubic_stiffness[:, None] * stretch**3
+    actuated_tension = passive.mean(-1, keepdim=True) / math.sqrt(3.0)
+    rest = lengths[:, :N_ACTUATED] - actuated_tension / params.actuated_stiffness[:, None]
+    return state.replace(rest_length=rest.detach())
+
+
+@torch.no_grad()
+def settle(
+    engine: Engine, params: Params, state: State, pid: PIDConfig, hold_target: torch.Tensor, duration_s: float = 2.0
+) -> State:
+    """Let ``state`` come to rest under gravity with the PID holding ``hold_target`` (6,)."""
+    final, _ = run_policy(
+        engine,
+        params,
+        state,
+        hold_target[None, :],
+        pid,
+        segment_timeout_s=duration_s,
+        final_hold_s=duration_s,
+        max_time_s=duration_s,
+    )
+    return final.replace(
+        vel=torch.zeros_like(final.vel),
+        omega=torch.zeros_like(final.omega),
+        motor_omega=torch.zeros_like(final.motor_omega),
+    ).detach()
