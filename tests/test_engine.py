@@ -1,0 +1,211 @@
+"""The differentiable engine: statics, drops, gradients, batching, bounds, and the twin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.gaits.symmetry import bottom_face
+from pipeline.hardware.base import GroundTruthPacket
+from pipeline.physics import Engine, ParameterBoundsError, Params, RobotModel
+from pipeline.physics.rollout import run_policy, settle, state_from_caps
+from pipeline.physics.truth import twin_true_model, twin_true_params
+from pipeline.policies import gait_policy, random_policy
+from pipeline.robot_model import reference_prism, resting_on_face
+
+ONES = torch.ones(6, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def engine(default_configs) -> Engine:
+    return Engine(RobotModel.from_robot(default_configs.robot), dt=0.002)
+
+
+@pytest.fixture(scope="module")
+def rest_state(engine, default_configs):
+    robot = default_configs.robot
+    params = Params.from_robot(robot)
+    caps = resting_on_face(robot, reference_prism(robot))
+    return params, settle(engine, params, state_from_caps(engine, params, caps), robot.pid, ONES, duration_s=2.0)
+
+
+def test_state_from_caps_reproduces_the_caps(engine, default_configs) -> None:
+    robot = default_configs.robot
+    params = Params.from_robot(robot, batch=2)
+    caps = resting_on_face(robot, reference_prism(robot))
+    state = state_from_caps(engine, params, caps)
+    np.testing.assert_allclose(engine.cap_positions(state).numpy(), np.broadcast_to(caps, (2, 6, 3)), atol=1e-12)
+    with pytest.raises(ValueError, match="shape"):
+        state_from_caps(engine, params, caps[:5])
+
+
+def test_robot_at_rest_stays_at_rest(engine, rest_state) -> None:
+    params, state = rest_state
+    caps0 = engine.cap_positions(state)
+    zero = torch.zeros(1, 6, dtype=torch.float64)
+    speeds = []
+    with torch.no_grad():
+        for _ in range(round(10.0 / engine.dt)):
+            state = engine.step(params, state, zero)
+            speeds.append(float(state.vel.norm(dim=-1).max()))
+    drift = (engine.cap_positions(state) - caps0).norm(dim=-1).max()
+    assert float(drift) < 1e-3  # < 1 mm over 10 s
+    assert max(speeds) < 0.01  # only the settling of the last motor command
+    assert max(speeds[len(speeds) // 2 :]) < 1e-5  # no energy gain: still at rest after 5 s
+    assert torch.isfinite(state.pos).all()
+
+
+def test_drop_from_half_a_metre_settles(engine, rest_state) -> None:
+    params, rest = rest_state
+    state = rest.replace(pos=rest.pos + torch.tensor([0.0, 0.0, 0.5], dtype=torch.float64))
+    zero = torch.zeros(1, 6, dtype=torch.float64)
+    lowest = []
+    with torch.no_grad():
+        for _ in range(round(3.0 / engine.dt)):
+            state = engine.step(params, state, zero)
+            caps = engine.cap_positions(state)
+            lowest.append(float(caps[..., 2].min()))
+    radius = engine.model.robot.end_cap.radius_m
+    assert torch.isfinite(state.pos).all()
+    assert min(lowest) > radius - 0.002  # penetration tolerance: 2 mm
+    kinetic = 0.5 * float((engine.model.mass[:, None] * state.vel**2).sum())
+    released = float(engine.model.mass.sum()) * 9.81 * 0.5
+    assert kinetic < 1e-3 * released  # the impact energy is gone after 3 s
+    assert abs(lowest[-1] - radius) < 1e-3
+
+
+def test_gradients_match_finite_differences_in_free_flight(engine, rest_state) -> None:
+    params0, rest = rest_state
+    names = [
+        "motor_speed",
+        "actuated_stiffness",
+        "actuated_damping",
+        "passive_stiffness",
+        "passive_cubic_stiffness",
+        "passive_damping",
+        "passive_rest_length",
+    ]
+    state0 = rest.replace(
+        pos=rest.pos + torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64), omega=torch.full_like(rest.omega, 0.3)
+    )
+    control = torch.tensor([[0.8, -0.5, 0.3, 0.0, 1.0, -1.0]], dtype=torch.float64)
+    weights = torch.linspace(-1.0, 1.0, 18, dtype=torch.float64).reshape(6, 3)
+
+    def loss(values: dict[str, torch.Tensor]) -> torch.Tensor:
+        params = params0.replace(**values)
+        state = state0
+        for _ in range(60):
+            state = engine.step(params, state, control)
+        return (engine.cap_positions(state)[0] * weights).sum()
+
+    values = {n: getattr(params0, n).clone().requires_grad_(True) for n in names}
+    analytic = torch.autograd.grad(loss(values), list(values.values()))
+    for name, grad in zip(names, analytic, strict=True):
+        base = getattr(params0, name)
+        h = 1e-6 * max(1.0, float(base.abs()))
+        plus = loss({name: base + h}).item()
+        minus = loss({name: base - h}).item()
+        numeric = (plus - minus) / (2 * h)
+        assert float(grad) == pytest.approx(numeric, rel=1e-4, abs=1e-9), name
+
+
+def test_contact_parameters_get_gradients_through_rollouts(engine, rest_state, default_configs) -> None:
+    _, rest = rest_state
+    robot = default_configs.robot
+    friction = torch.tensor([0.8], dtype=torch.float64, requires_grad=True)
+    restitution = torch.tensor([0.3], dtype=torch.float64, requires_grad=True)
+    speed = torch.tensor([0.9], dtype=torch.float64, requires_grad=True)
+    params = Params.from_robot(robot).replace(friction=friction, restitution=restitution, motor_speed=speed)
+    targets = torch.tensor(gait_policy(robot, "rolling", 1).targets[:3])
+    _, trace = run_policy(engine, params, rest, targets, robot.pid, segment_timeout_s=4.0, final_hold_s=0.2)
+    # Cable forces are internal: with detached contacts the centroid has no gradient with respect to
+    # the actuation, so weigh the caps unevenly (the shape carries the motor-speed gradient).
+    weights = torch.linspace(0.5, 1.5, 18, dtype=torch.float64).reshape(6, 3)
+    grads = torch.autograd.grad((trace.caps_m[0, -1] * weights).sum(), [friction, restitution, speed])
+    for name, grad in zip(["friction", "restitution", "motor_speed"], grads, strict=True):
+        assert grad is not None and torch.isfinite(grad).all() and float(grad.abs()) > 0, name
+
+
+def test_batch_matches_single_environments(engine, rest_state, default_configs) -> None:
+    params1, rest = rest_state
+    robot = default_configs.robot
+    speeds = [0.6, 0.9, 1.2]
+    batch = Params(**{n: v.expand(3).clone() for n, v in params1.as_dict().items()}).replace(
+        motor_speed=torch.tensor(speeds, dtype=torch.float64)
+    )
+    state = rest.index(torch.zeros(3, dtype=torch.long))
+    targets = torch.tensor([[0.2, 1, 1, 0.2, 1, 1], [1.0] * 6], dtype=torch.float64)
+    with torch.no_grad():
+        _, trace = run_policy(
+            engine, batch, state, targets, robot.pid, segment_timeout_s=3.0, final_hold_s=0.2, max_time_s=2.0
+        )
+        for i, s in enumerate(speeds):
+            _, single = run_policy(
+                engine,
+                params1.replace(motor_speed=torch.tensor([s], dtype=torch.float64)),
+                rest,
+                targets,
+                robot.pid,
+                segment_timeout_s=3.0,
+                final_hold_s=0.2,
+                max_time_s=2.0,
+            )
+            n = single.caps_m.shape[1]
+            torch.testing.assert_close(trace.caps_m[i, :n], single.caps_m[0], rtol=1e-9, atol=1e-12)
+    slow, fast = trace.segment[0], trace.segment[2]
+    assert int((fast >= 1).nonzero()[0]) < int((slow >= 1).nonzero()[0])  # faster motors reach the target sooner
+
+
+def test_parameters_out_of_bounds_are_errors(default_configs) -> None:
+    robot = default_configs.robot
+    with pytest.raises(ParameterBoundsError, match=r"'friction' = -0.1 in environment 0 .* \[0.0, 2.0\]"):
+        Params.from_robot(robot, friction=-0.1)
+    params = Params.from_robot(robot, batch=3)
+    bad = params.replace(restitution=torch.tensor([0.1, 1.5, 0.2], dtype=torch.float64))
+    with pytest.raises(ParameterBoundsError, match="'restitution' = 1.5 in environment 1"):
+        bad.validate()
+    with pytest.raises(ParameterBoundsError, match="unknown engine parameters"):
+        Params.from_robot(robot, stiffness=3.0)
+
+
+def test_float32_runs(default_configs) -> None:
+    robot = default_configs.robot
+    engine = Engine(RobotModel.from_robot(robot, dtype=torch.float32), dt=0.002)
+    params = Params.from_robot(robot, dtype=torch.float32)
+    state = state_from_caps(engine, params, resting_on_face(robot, reference_prism(robot)))
+    with torch.no_grad():
+        for _ in range(200):
+            state = engine.step(params, state, torch.zeros(1, 6, dtype=torch.float32))
+    assert state.pos.dtype == torch.float32 and torch.isfinite(state.pos).all()
+
+
+@pytest.mark.parametrize("policy_name", ["rolling", "random"])
+def test_engine_with_twin_parameters_tracks_the_twin(twin, default_configs, policy_name: str) -> None:
+    """Tolerance: final centroid error <= max(0.2 rod lengths, 25 % of the distance the twin
+    travelled), and the same final bottom face. The models differ in contact (MuJoCo's soft,
+    torsional/rolling friction vs impulses), sensing (the twin's PID sees biased, noisy
+    lengths) and per-motor speed spread; the twin's own repeatability across noise seeds
+    is about 1 cm, so this is the sim-to-sim gap sysid starts from."""
+    robot, truth = default_configs.robot, default_configs.twin
+    engine = Engine(twin_true_model(robot, truth), dt=0.001)
+    params = twin_true_params(robot, truth)
+    policy = gait_policy(robot, "rolling", 1) if policy_name == "rolling" else random_policy(robot, 10, seed=3)
+    twin.reset()
+    start = twin.ground_truth(0.0, 0).caps_m
+    truth_caps = np.array(
+        [p.caps_m for p in twin.execute(policy, 8.0, record_frames=False) if isinstance(p, GroundTruthPacket)]
+    )
+    state = settle(engine, params, state_from_caps(engine, params, start), robot.pid, ONES, duration_s=2.0)
+    with torch.no_grad():
+        _, trace = run_policy(
+            engine, params, state, torch.tensor(policy.targets), robot.pid, 8.0, latency_s=truth.control_latency_s
+        )
+    sim_caps = trace.caps_m[0].numpy()
+    travelled = np.linalg.norm(truth_caps[-1].mean(0)[:2] - truth_caps[0].mean(0)[:2])
+    error = np.linalg.norm(sim_caps[-1].mean(0)[:2] - truth_caps[-1].mean(0)[:2])
+    tolerance = max(0.2 * robot.rod.length_m, 0.25 * travelled)
+    assert error <= tolerance, f"centroid error {error:.3f} m > {tolerance:.3f} m"
+    assert bottom_face(sim_caps[-1]) == bottom_face(truth_caps[-1])
+    if policy_name == "rolling":
+        assert travelled > 0.5 and np.linalg.norm(sim_caps[-1].mean(0)[:2] - sim_caps[0].mean(0)[:2]) > 0.5
