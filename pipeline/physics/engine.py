@@ -100,7 +100,9 @@ class Engine:
     # ----------------------------------------------------------------- geometry
     def _points(self, state: State, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """All body-fixed points: world positions and lever arms, each (B, 3, K, 3)."""
-        arms = (rotations[:, :, None] * self.model.local_points[None, :, :, None, :]).sum(-1)
+        local = self.model.local_points[None, :, :, None, :]
+        columns = rotations[:, :, None]
+        arms = columns[..., 0] * local[..., 0] + columns[..., 1] * local[..., 1] + columns[..., 2] * local[..., 2]
         return state.pos[:, :, None] + arms, arms
 
     def cap_positions(self, state: State) -> torch.Tensor:
@@ -115,10 +117,14 @@ class Engine:
         return (flat[:, self.model.cable_b] - flat[:, self.model.cable_a]).norm(dim=-1)
 
     def _to_world(self, rotations: torch.Tensor, body: torch.Tensor) -> torch.Tensor:
-        return (rotations * body[..., None, :]).sum(-1)
+        """R v for rotations (..., 3, 3) and vectors (..., 3), written out (small reductions are slow)."""
+        b = body[..., None, :]
+        return rotations[..., 0] * b[..., 0] + rotations[..., 1] * b[..., 1] + rotations[..., 2] * b[..., 2]
 
     def _to_body(self, rotations: torch.Tensor, world: torch.Tensor) -> torch.Tensor:
-        return (rotations * world[..., :, None]).sum(-2)
+        """R^T v, written out."""
+        w = world[..., None, :]
+        return rotations[..., 0, :] * w[..., 0] + rotations[..., 1, :] * w[..., 1] + rotations[..., 2, :] * w[..., 2]
 
     def _rod_sums(
         self, arms: torch.Tensor, point_vectors: torch.Tensor, index: torch.Tensor

@@ -1,0 +1,135 @@
+"""Engine throughput: env-steps per second, forward and forward+backward, by batch size.
+
+For each batch size B the engine steps B robots (float64, CPU, contact active:
+the robots rest on the ground with motors running) for a fixed number of steps:
+
+* ``forward``: under ``torch.no_grad``;
+* ``forward_backward``: with gradients on the parameters, then one backward pass
+  of a loss on the end-cap positions; ``backward_ratio`` = its time / forward time.
+
+With ``--compile`` the step is also run through ``torch.compile`` (compile time
+reported separately, not counted). The anchor, measured in the same run:
+MuJoCo stepping the twin's model of the same robot single-threaded
+(``mj_step``), in steps per second. Prints one JSON object (last line).
+
+Usage: ``python -m benchmarks.engine [--quick] [--compile] [--batches 1,64,1024,4096]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import mujoco
+import torch
+
+from pipeline.config import load_all
+from pipeline.hardware.twin import MujocoTwin
+from pipeline.physics import Engine, Params, RobotModel
+from pipeline.physics.rollout import state_from_caps
+from pipeline.robot_model import reference_prism, resting_on_face
+
+
+def _setup(engine: Engine, robot, batch: int):
+    params = Params.from_robot(robot, batch=batch)
+    state = state_from_caps(engine, params, resting_on_face(robot, reference_prism(robot)))
+    control = torch.linspace(-1.0, 1.0, 6, dtype=torch.float64).expand(batch, 6).contiguous()
+    return params, state, control
+
+
+def _forward(step, params, state, control, steps: int) -> float:
+    with torch.no_grad():
+        state = step(params, state, control)
+        start = time.perf_counter()
+        for _ in range(steps):
+            state = step(params, state, control)
+    return time.perf_counter() - start
+
+
+def _forward_backward(step, engine: Engine, params, state, control, steps: int) -> float:
+    start = time.perf_counter()
+    speed = params.motor_speed.clone().requires_grad_(True)
+    friction = params.friction.clone().requires_grad_(True)
+    p = params.replace(motor_speed=speed, friction=friction)
+    for _ in range(steps):
+        state = step(p, state, control)
+    loss = (engine.cap_positions(state) * torch.linspace(0.5, 1.5, 3, dtype=torch.float64)).sum()
+    loss.backward()
+    return time.perf_counter() - start
+
+
+def _mujoco_steps_per_s(configs, seconds: float) -> float:
+    twin = MujocoTwin(configs.robot, configs.twin)
+    twin.reset()
+    steps = round(seconds / twin.model.opt.timestep)
+    start = time.perf_counter()
+    for _ in range(steps):
+        mujoco.mj_step(twin.model, twin.data)
+    return steps / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and batches (under a minute)")
+    parser.add_argument("--compile", action="store_true", help="also measure torch.compile'd steps")
+    parser.add_argument("--batches", default=None, help="comma-separated batch sizes")
+    parser.add_argument("--config", default="configs/pipeline/default.yaml")
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    configs = load_all(args.config)
+    robot = configs.robot
+    engine = Engine(RobotModel.from_robot(robot), dt=0.001)
+    batches = (
+        [int(b) for b in args.batches.split(",")]
+        if args.batches
+        else ([1, 64, 1024] if args.quick else [1, 64, 1024, 4096])
+    )
+    budget = 2e4 if args.quick else 2e5  # env-steps per measurement, roughly
+    results = {}
+    for batch in batches:
+        steps = int(max(5, min(300, budget // batch)))
+        params, state, control = _setup(engine, robot, batch)
+        forward = _forward(engine.step, params, state, control, steps)
+        both = _forward_backward(engine.step, engine, params, state, control, steps)
+        entry = {
+            "steps": steps,
+            "forward_env_steps_per_s": batch * steps / forward,
+            "forward_backward_env_steps_per_s": batch * steps / both,
+            "backward_ratio": both / forward,
+        }
+        if args.compile:
+            compiled = torch.compile(engine.step, dynamic=False)
+            start = time.perf_counter()
+            with torch.no_grad():
+                compiled(params, state, control)
+            entry["compile_s"] = time.perf_counter() - start
+            entry["compiled_forward_env_steps_per_s"] = (
+                batch * steps / _forward(compiled, params, state, control, steps)
+            )
+        results[f"batch_{batch}"] = entry
+    anchor = _mujoco_steps_per_s(configs, 2.0 if args.quick else 10.0)
+    print(
+        json.dumps(
+            {
+                "dtype": "float64",
+                "device": "cpu",
+                "threads": torch.get_num_threads(),
+                "dt_s": engine.dt,
+                "engine": results,
+                "anchor_mujoco_steps_per_s": anchor,
+                "targets": {
+                    "batch_1_steps_per_s": 3000,
+                    "batched_forward_env_steps_per_s": 1_000_000,
+                    "backward_ratio_max": 3.0,
+                },
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
