@@ -209,3 +209,35 @@ def test_engine_with_twin_parameters_tracks_the_twin(twin, default_configs, poli
     assert bottom_face(sim_caps[-1]) == bottom_face(truth_caps[-1])
     if policy_name == "rolling":
         assert travelled > 0.5 and np.linalg.norm(sim_caps[-1].mean(0)[:2] - sim_caps[0].mean(0)[:2]) > 0.5
+
+
+def test_trace_caps_at_requested_times(engine, rest_state, default_configs) -> None:
+    params, rest = rest_state
+    robot = default_configs.robot
+    targets = torch.tensor([[0.5] * 6, [1.0] * 6], dtype=torch.float64)
+    with torch.no_grad():
+        _, trace = run_policy(engine, params, rest, targets, robot.pid, segment_timeout_s=2.0, final_hold_s=0.1)
+    tick = 1.0 / robot.pid.control_rate_hz
+    assert torch.allclose(trace.t_s[1:] - trace.t_s[:-1], torch.tensor(tick, dtype=torch.float64))
+    picked = trace.caps_at(torch.tensor([0.0, 5 * tick, 1e9], dtype=torch.float64))
+    torch.testing.assert_close(picked[:, 0], trace.caps_m[:, 0])
+    torch.testing.assert_close(picked[:, 1], trace.caps_m[:, 5])
+    torch.testing.assert_close(picked[:, 2], trace.caps_m[:, -1])
+    assert bool(trace.finished[0, -1]) and trace.segment[0, -1] == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_matches_cpu(default_configs) -> None:
+    robot = default_configs.robot
+    caps = resting_on_face(robot, reference_prism(robot))
+    finals = []
+    for device in ("cpu", "cuda"):
+        engine = Engine(RobotModel.from_robot(robot, device=device), dt=0.002)
+        params = Params.from_robot(robot, batch=4, device=device)
+        state = state_from_caps(engine, params, caps)
+        control = torch.full((4, 6), 0.5, dtype=torch.float64, device=device)
+        with torch.no_grad():
+            for _ in range(100):
+                state = engine.step(params, state, control)
+        finals.append(engine.cap_positions(state).cpu())
+    torch.testing.assert_close(finals[0], finals[1], rtol=1e-9, atol=1e-10)

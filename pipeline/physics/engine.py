@@ -96,6 +96,7 @@ class Engine:
         self._contact_rod = model.contact_index // model.local_points.shape[1]
         self._cable_ends = torch.cat([model.cable_a, model.cable_b])
         self._n_points = model.local_points.shape[0] * model.local_points.shape[1]
+        self._inverse_k_body = self._contact_inverse_mass_body()
 
     # ----------------------------------------------------------------- geometry
     def _points(self, state: State, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -248,16 +249,14 @@ class Engine:
 
         if self.contact_iterations:
             with torch.no_grad():
-                inverse_k = torch.linalg.inv(
-                    self._contact_matrix(rot_fixed, arm_fixed.reshape(batch, -1, 3)[:, m.contact_index], rods)
-                )
                 target = torch.stack([torch.zeros_like(target_v_n), torch.zeros_like(target_v_n), target_v_n], -1)
                 relax = share[..., None]
                 accumulated = impulse.detach().clone()
                 for _ in range(self.contact_iterations):
                     v_new, w_new = apply(accumulated)
                     residual = target - (v_new[:, rods] + _cross(w_new[:, rods], arm))
-                    accumulated = accumulated + relax * (inverse_k @ residual[..., None])[..., 0]
+                    correction = self._to_world(rot, self._to_world(self._inverse_k_body, self._to_body(rot, residual)))
+                    accumulated = accumulated + relax * correction
                     normal = accumulated[..., 2].clamp(min=0.0)
                     tangential = accumulated[..., :2]
                     limit = params.friction[:, None] * normal
@@ -269,17 +268,18 @@ class Engine:
         bounce_height = torch.where(bouncing, -params.restitution[:, None] * v_n.detach() * (1 - toi) * dt, 0.0)
         return vel, omega, bounce_height
 
-    def _contact_matrix(self, rotations: torch.Tensor, arm: torch.Tensor, rods: torch.Tensor) -> torch.Tensor:
-        """Effective inverse mass matrices K (B, P, 3, 3): velocity change at each contact
-        point per unit impulse there, K = I/m - [r]x I_world^-1 [r]x."""
+    def _contact_inverse_mass_body(self) -> torch.Tensor:
+        """Inverse of each contact point's effective inverse-mass matrix in its rod's frame
+        (P, 3, 3), K = I/m - [l]x diag(1/I) [l]x; constant because the points are body-fixed.
+        In the world, K_world^-1 = R K^-1 R^T."""
         m = self.model
-        rot = rotations[:, rods]
-        zero = torch.zeros_like(arm[..., 0])
-        x, y, z = arm.unbind(-1)
-        skew = torch.stack([zero, -z, y, z, zero, -x, -y, x, zero], -1).reshape(*arm.shape, 3)
-        inv_inertia = rot @ torch.diag_embed((1.0 / m.inertia).expand_as(arm)) @ rot.transpose(-1, -2)
-        eye = torch.eye(3, dtype=arm.dtype, device=arm.device)
-        return eye / m.mass[rods][:, None, None] - skew @ inv_inertia @ skew
+        local = self._contact_local
+        zero = torch.zeros_like(local[..., 0])
+        x, y, z = local.unbind(-1)
+        skew = torch.stack([zero, -z, y, z, zero, -x, -y, x, zero], -1).reshape(-1, 3, 3)
+        eye = torch.eye(3, dtype=local.dtype, device=local.device)
+        k = eye / m.mass[self._contact_rod][:, None, None] - skew @ torch.diag(1.0 / m.inertia) @ skew
+        return torch.linalg.inv(k)
 
     def _penetration_correction(
         self, pos: torch.Tensor, rotations: torch.Tensor, target_height: torch.Tensor
