@@ -21,10 +21,8 @@ from __future__ import annotations
 import torch
 
 
-def _maybe_detach(x: torch.Tensor, detach: bool | torch.Tensor) -> torch.Tensor:
-    if isinstance(detach, bool):
-        return x.detach() if detach else x
-    return torch.where(detach, x.detach(), x)
+def _maybe_detach(x: torch.Tensor, detach: bool) -> torch.Tensor:
+    return x.detach() if detach else x
 
 
 def normal_impulse(
@@ -32,7 +30,7 @@ def normal_impulse(
     inv_mass: torch.Tensor,
     restitution: torch.Tensor,
     active: torch.Tensor,
-    detach: bool | torch.Tensor,
+    detach: bool,
     bounce_speed: float = 0.0,
 ) -> torch.Tensor:
     """Normal impulse magnitude (>= 0) per contact.
@@ -54,7 +52,7 @@ def friction_impulse(
     inv_mass: torch.Tensor,
     friction: torch.Tensor,
     j_n: torch.Tensor,
-    detach: bool | torch.Tensor,
+    detach: bool,
     eps: float = 1e-12,
 ) -> torch.Tensor:
     """Coulomb friction impulse vector (..., 3) opposing the tangential velocity ``v_t`` (..., 3).
@@ -72,14 +70,9 @@ def friction_impulse(
     sticking = stick < slide
     magnitude = torch.where(sticking, stick, slide)
     straight_through = slide - slide.detach()
-    magnitude = magnitude + torch.where(sticking & _as_bool(detach, sticking), straight_through, 0.0)
+    if detach:
+        magnitude = magnitude + torch.where(sticking, straight_through, 0.0)
     return -magnitude[..., None] * direction * (speed > 1e-9)[..., None]
-
-
-def _as_bool(detach: bool | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    if isinstance(detach, bool):
-        return torch.full_like(like, detach, dtype=torch.bool)
-    return detach.expand_as(like)
 
 
 def time_of_impact(height: torch.Tensor, v_n: torch.Tensor, dt: float) -> torch.Tensor:
