@@ -206,7 +206,10 @@ class MujocoTwin(Robot):
         return FramePacket(t_s=t_s, rgb=rgb, depth=depth)
 
     # ----------------------------------------------------------------- Robot API
-    def reset(self) -> None:
+    def reset(self, seed: int | None = None) -> None:
+        """Back to the settled rest state; ``seed`` (optional) restarts the noise generator."""
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
         mujoco.mj_resetData(self.model, self.data)
         self.data.qpos[:] = self._rest.qpos
         self._rest_length = self._rest.rest_length_m.copy()
