@@ -28,6 +28,8 @@ stamp=.venv/.r2s2r-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "bootstrap: installing Python packages into .venv (first run takes a few minutes)"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+  # (this machine's pip config lists local indexes that may be absent: drop those warnings only)
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 \
+    | { grep -v "^WARNING: Location 'file:" || true; }
   echo "$want" > "$stamp"
 fi

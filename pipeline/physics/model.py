@@ -52,15 +52,6 @@ class RobotModel:
     def device(self) -> torch.device:
         return self.mass.device
 
-    def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> RobotModel:
-        """The same model with floating tensors in ``dtype`` on ``device``."""
-        values = {}
-        for name in ("mass", "inertia", "local_points", "contact_radius", "contact_incidence"):
-            values[name] = getattr(self, name).to(dtype=dtype or self.dtype, device=device or self.device)
-        for name in ("cap_index", "contact_index", "cable_a", "cable_b"):
-            values[name] = getattr(self, name).to(device=device or self.device)
-        return RobotModel(robot=self.robot, **values)
-
     @classmethod
     def from_robot(
         cls,
