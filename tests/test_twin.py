@@ -27,7 +27,7 @@ def _run(twin: MujocoTwin, policy: Policy, frames: bool = False):
 @pytest.fixture(scope="module")
 def ten_second_run(twin, default_configs):
     """A random policy of about 10 s on the twin, with frames."""
-    policy = random_policy(default_configs.robot, n_targets=10, seed=11)
+    policy = random_policy(default_configs.robot, n_targets=18, seed=11)
     sensors, truth, images = _run(twin, policy, frames=True)
     return policy, sensors, truth, images
 
@@ -66,7 +66,7 @@ def test_attachment_sites_on_end_cap_surfaces(twin) -> None:
 def test_random_policy_moves_the_robot(ten_second_run) -> None:
     policy, sensors, truth, _ = ten_second_run
     duration = sensors[-1].t_s
-    assert 5.0 < duration < 40.0
+    assert 8.0 < duration < 40.0  # about 10 s of robot time
     assert max(p.segment for p in sensors) == len(policy) - 1
     caps = np.array([p.caps_m for p in truth])
     travel = np.linalg.norm(np.diff(caps, axis=0), axis=2).sum(axis=0)
