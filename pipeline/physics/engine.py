@@ -132,9 +132,10 @@ class Engine:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Total force and torque (each (B, 3, 3)) of vectors (B, N, 3) applied at flat points ``index``."""
         batch = arms.shape[0]
-        at_points = torch.zeros(batch, self._n_points, 3, dtype=arms.dtype, device=arms.device)
-        at_points = at_points.index_copy(1, index, point_vectors).reshape(arms.shape)
-        return at_points.sum(2), _cross(arms, at_points).sum(2)
+        rods = index // arms.shape[2]
+        lever = arms.reshape(batch, -1, 3)[:, index]
+        zero = torch.zeros(batch, arms.shape[1], 3, dtype=arms.dtype, device=arms.device)
+        return zero.index_add(1, rods, point_vectors), zero.index_add(1, rods, _cross(lever, point_vectors))
 
     # ----------------------------------------------------------------- dynamics
     def cable_tensions(
@@ -146,19 +147,14 @@ class Engine:
         length = delta.norm(dim=-1)
         direction = delta / length[..., None]
         speed = ((velocities[:, m.cable_b] - velocities[:, m.cable_a]) * direction).sum(-1)
-        batch = points.shape[0]
-        rest_all = torch.cat([rest_length, params.passive_rest_length[:, None].expand(batch, 3)], dim=-1)
-        k = torch.cat(
-            [params.actuated_stiffness[:, None].expand(batch, 6), params.passive_stiffness[:, None].expand(batch, 3)],
-            dim=-1,
+        stretch = torch.cat([length[:, :6] - rest_length, length[:, 6:] - params.passive_rest_length[:, None]], -1)
+        actuated = params.actuated_stiffness[:, None] * stretch[:, :6] + params.actuated_damping[:, None] * speed[:, :6]
+        passive = (
+            stretch[:, 6:]
+            * (params.passive_stiffness[:, None] + params.passive_cubic_stiffness[:, None] * stretch[:, 6:] ** 2)
+            + params.passive_damping[:, None] * speed[:, 6:]
         )
-        k3 = torch.cat([torch.zeros_like(rest_length), params.passive_cubic_stiffness[:, None].expand(batch, 3)], -1)
-        c = torch.cat(
-            [params.actuated_damping[:, None].expand(batch, 6), params.passive_damping[:, None].expand(batch, 3)],
-            dim=-1,
-        )
-        stretch = length - rest_all
-        tension = (k * stretch + k3 * stretch**3 + c * speed).clamp(min=0.0) * (stretch > 0)
+        tension = torch.cat([actuated, passive], -1).clamp(min=0.0) * (stretch > 0)
         return tension, direction
 
     def step(self, params: Params, state: State, control: torch.Tensor) -> State:
