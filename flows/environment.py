@@ -18,6 +18,8 @@ def configure_environment(layout: RunLayout) -> None:
     layout.runs_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", str(Path(layout.prefect_home).resolve()))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # the first start in a new runs folder creates Prefect's database: 20 s (the default) is not enough here
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("MUJOCO_GL", "egl")
