@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from prefect import task
 from prefect.context import TaskRunContext
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -129,14 +130,14 @@ def run_collect(
         )
         raise
     recording.close(complete=True)
-    summary = _summarise(folder, policy, recording)
-    _write_plots(stage_dir, folder, policy)
+    truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
+    summary = _summarise(truth, policy, recording)
+    _write_plots(stage_dir, folder, caps_array(truth), policy)
     ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
     return ref, summary
 
 
-def _summarise(folder: Path, policy: Policy, recording: Recording) -> dict[str, float]:
-    truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
+def _summarise(truth: pd.DataFrame, policy: Policy, recording: Recording) -> dict[str, float]:
     caps = caps_array(truth)
     centroid = caps.mean(axis=1)
     t = truth["t"].to_numpy()
@@ -153,10 +154,9 @@ def _summarise(folder: Path, policy: Policy, recording: Recording) -> dict[str, 
     }
 
 
-def _write_plots(stage_dir: Path, folder: Path, policy: Policy) -> None:
-    truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
+def _write_plots(stage_dir: Path, folder: Path, caps: np.ndarray, policy: Policy) -> None:
     plots = stage_dir / "plots"
-    atomic_write_bytes(plots / "top_view.png", top_view_paths(caps_array(truth), f"end-cap paths: {policy.policy_id}"))
+    atomic_write_bytes(plots / "top_view.png", top_view_paths(caps, f"end-cap paths: {policy.policy_id}"))
     if (folder / FRAMES_FILE).is_file():
         import cv2
 
