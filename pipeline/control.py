@@ -23,6 +23,9 @@ from pipeline.robot_model import N_ACTUATED
 
 Array = TypeVar("Array")
 
+REST_LENGTH_LIMITS_M = (0.02, 0.40)
+"""Mechanical limits of an actuated cable's rest length (m): the winch cannot go beyond them."""
+
 
 def pid_update(
     gains: PIDConfig, error: Array, integral: Array, previous_error: Array | None, dt_s: float

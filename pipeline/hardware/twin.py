@@ -22,7 +22,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import mujoco
 
 from pipeline.config import RobotConfig, TwinConfig
-from pipeline.control import PID, motor_speed_rad_s, rest_length_change_m
+from pipeline.control import PID, REST_LENGTH_LIMITS_M, motor_speed_rad_s, rest_length_change_m
 from pipeline.errors import HardwareError
 from pipeline.hardware.base import (
     CameraInfo,
@@ -38,8 +38,6 @@ from pipeline.policies import REST_TARGET, Policy
 from pipeline.robot_model import N_ACTUATED, N_CABLES, length_to_target, target_to_length
 
 log = logging.getLogger(__name__)
-
-REST_LENGTH_LIMITS_M = (0.02, 0.40)
 
 
 @dataclass(frozen=True)

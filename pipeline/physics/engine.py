@@ -23,13 +23,11 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from pipeline.control import motor_speed_rad_s, rest_length_change_m
+from pipeline.control import REST_LENGTH_LIMITS_M, motor_speed_rad_s, rest_length_change_m
 from pipeline.physics.contact import friction_impulse, normal_impulse, time_of_impact
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
 from pipeline.physics.rotations import quat_integrate, quat_to_matrix
-
-REST_LENGTH_LIMITS_M = (0.02, 0.40)
 
 
 @dataclass(frozen=True)
