@@ -1,18 +1,19 @@
 """Engine throughput: env-steps per second, forward and forward+backward, by batch size.
 
-For each batch size B the engine steps B robots (float64, CPU, contact active:
-the robots rest on the ground with motors running) for a fixed number of steps:
+For each batch size B the engine steps B robots (CPU, float64 unless ``--dtype
+float32``; contact active: the robots rest on the ground with motors running)
+for a fixed number of steps:
 
 * ``forward``: under ``torch.no_grad``;
 * ``forward_backward``: with gradients on the parameters, then one backward pass
   of a loss on the end-cap positions; ``backward_ratio`` = its time / forward time.
 
-With ``--compile`` the step is also run through ``torch.compile`` (compile time
-reported separately, not counted). The anchor, measured in the same run:
+With ``--compile`` the step is also run through ``torch.compile``, forward and
+forward+backward (compile time reported separately, not counted). The anchor, measured in the same run:
 MuJoCo stepping the twin's model of the same robot single-threaded
 (``mj_step``), in steps per second. Prints one JSON object (last line).
 
-Usage: ``python -m benchmarks.engine [--quick] [--compile] [--batches 1,64,1024,4096]``.
+Usage: ``python -m benchmarks.engine [--quick] [--compile] [--dtype float32] [--batches 1,64,1024,4096]``.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from pipeline.robot_model import reference_prism, resting_on_face
 
 
 def _setup(engine: Engine, robot, batch: int):
-    params = Params.from_robot(robot, batch=batch)
+    dtype = engine.model.dtype
+    params = Params.from_robot(robot, batch=batch, dtype=dtype)
     state = state_from_caps(engine, params, resting_on_face(robot, reference_prism(robot)))
-    control = torch.linspace(-1.0, 1.0, 6, dtype=torch.float64).expand(batch, 6).contiguous()
+    control = torch.linspace(-1.0, 1.0, 6, dtype=dtype).expand(batch, 6).contiguous()
     return params, state, control
 
 
@@ -57,7 +59,7 @@ def _forward_backward(step, engine: Engine, params, state, control, steps: int) 
     p = params.replace(motor_speed=speed, friction=friction)
     for _ in range(steps):
         state = step(p, state, control)
-    loss = (engine.cap_positions(state) * torch.linspace(0.5, 1.5, 3, dtype=torch.float64)).sum()
+    loss = (engine.cap_positions(state) * torch.linspace(0.5, 1.5, 3, dtype=engine.model.dtype)).sum()
     loss.backward()
     return time.perf_counter() - start
 
@@ -77,12 +79,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer steps and batches (under a minute)")
     parser.add_argument("--compile", action="store_true", help="also measure torch.compile'd steps")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes")
+    parser.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     parser.add_argument("--config", default="configs/pipeline/default.yaml")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     configs = load_all(args.config)
     robot = configs.robot
-    engine = Engine(RobotModel.from_robot(robot), dt=0.001)
+    engine = Engine(RobotModel.from_robot(robot, dtype=getattr(torch, args.dtype)), dt=0.001)
     batches = (
         [int(b) for b in args.batches.split(",")]
         if args.batches
@@ -107,15 +110,20 @@ def main() -> None:
             with torch.no_grad():
                 compiled(params, state, control)
             entry["compile_s"] = time.perf_counter() - start
-            entry["compiled_forward_env_steps_per_s"] = (
-                batch * steps / _forward(compiled, params, state, control, steps)
-            )
+            forward_compiled = _forward(compiled, params, state, control, steps)
+            start = time.perf_counter()
+            _forward_backward(compiled, engine, params, state, control, 1)
+            entry["compile_backward_s"] = time.perf_counter() - start
+            both_compiled = _forward_backward(compiled, engine, params, state, control, steps)
+            entry["compiled_forward_env_steps_per_s"] = batch * steps / forward_compiled
+            entry["compiled_forward_backward_env_steps_per_s"] = batch * steps / both_compiled
+            entry["compiled_backward_ratio"] = both_compiled / forward_compiled
         results[f"batch_{batch}"] = entry
     anchor = _mujoco_steps_per_s(configs, 2.0 if args.quick else 10.0)
     print(
         json.dumps(
             {
-                "dtype": "float64",
+                "dtype": args.dtype,
                 "device": "cpu",
                 "threads": torch.get_num_threads(),
                 "dt_s": engine.dt,
