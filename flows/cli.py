@@ -100,6 +100,41 @@ def iterate(config: ConfigOption = DEFAULT_CONFIG, iteration: IterationOption = 
     _run_iteration(config, iteration, parse_overrides(set_), None)
 
 
+@app.command("import-tribar")
+@user_errors
+def import_tribar(
+    src: Annotated[Path, typer.Argument(help="Tribar recording folder: color/, depth/, data/, config.json.")],
+    campaign: Annotated[
+        str | None, typer.Option("--campaign", help="Campaign to import into (default: the config's).")
+    ] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+    iteration: IterationOption = 1,
+    extrinsics: Annotated[
+        str,
+        typer.Option(help="What config.json's cam_extr maps: camera_to_world or world_to_camera (see README)."),
+    ] = "camera_to_world",
+    set_: SetOption = None,
+) -> None:
+    """Import a real recording (Tribar layout) as iteration K's collect stage, then print the report."""
+    overrides = parse_overrides(set_)
+    if extrinsics not in ("camera_to_world", "world_to_camera"):
+        raise ConfigError(f"--extrinsics {extrinsics!r}: expected camera_to_world or world_to_camera")
+    if campaign is not None:
+        overrides["campaign"] = campaign
+    configs = _load(config, overrides)
+    from storage.tribar import Extrinsics
+    from tasks.import_recording import run_import
+
+    ref, summary = run_import(configs, iteration, src, Extrinsics(extrinsics))
+    table = Table(title=f"import {src} -> {configs.pipeline.campaign} iteration {iteration}")
+    table.add_column("field")
+    table.add_column("value")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    Console().print(table)
+    Console().print(f"stage output: {ref.path}")
+
+
 @app.command()
 @user_errors
 def ui(

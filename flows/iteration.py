@@ -1,8 +1,10 @@
 """The ``r2s2r_iteration`` flow: one R2S2R iteration (DESIGN §1, §6).
 
-So far the iteration has one stage, ``collect``. The flow owns the iteration's
-MLflow run (one per iteration, reused on re-invocation) and hands its id to the
-stage tasks, which log through the client API.
+Stages so far: ``collect`` -> ``track`` -> ``attach``. The flow owns the
+iteration's MLflow run (one per iteration, reused on re-invocation) and hands its
+id to the stage tasks, which log through the client API. A stage that is not
+asked for but whose output a later stage needs is read from disk (its complete
+manifest), never recomputed.
 """
 
 from __future__ import annotations
@@ -13,11 +15,23 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from pipeline.config import config_hash, load_all
-from storage.layout import Ref, RunLayout
+from pipeline.errors import DataError
+from storage.layout import Ref, RunLayout, complete_stage_ref
 from storage.tracking import client_for, finish_run, flatten, iteration_run, log_params_once
+from tasks.attach import attach
 from tasks.collect import collect
+from tasks.track import track
 
-STAGES = ("collect",)
+STAGES = ("collect", "track", "attach")
+
+
+def existing_ref(layout: RunLayout, iteration: int, stage: str) -> Ref:
+    """The ref of a stage's complete output on disk; :class:`DataError` if there is none."""
+    stage_dir = layout.stage_dir(iteration, stage)
+    ref = complete_stage_ref(stage_dir)
+    if ref is None:
+        raise DataError(f"{stage_dir}: stage '{stage}' has no complete output for iteration {iteration}; run it first")
+    return ref
 
 
 @flow(name="r2s2r_iteration")
@@ -53,10 +67,22 @@ def r2s2r_iteration(
     client.set_tag(run_id, "prefect.flow_run_id", str(flow_run.id))
     summary: dict[str, object] = {"iteration": iteration, "mlflow_run_id": run_id, "stages": {}}
     try:
-        if "collect" in wanted:
-            state = collect(configs, iteration, run_id, return_state=True)
-            ref = Ref.from_json(state.result())
-            summary["stages"]["collect"] = {"ref": ref.to_json(), "cached": state.name == "Cached"}
+        refs: dict[str, dict[str, str]] = {}
+
+        def run(stage: str, submit) -> None:
+            if stage in wanted:
+                state = submit()
+                refs[stage] = state.result()
+                summary["stages"][stage] = {"ref": refs[stage], "cached": state.name == "Cached"}
+
+        def ref(stage: str) -> dict[str, str]:
+            if stage not in refs:
+                refs[stage] = existing_ref(layout, iteration, stage).to_json()
+            return refs[stage]
+
+        run("collect", lambda: collect(configs, iteration, run_id, return_state=True))
+        run("track", lambda: track(configs, iteration, run_id, ref("collect"), return_state=True))
+        run("attach", lambda: attach(configs, iteration, run_id, ref("track"), ref("collect"), return_state=True))
     except BaseException:
         finish_run(client, run_id, ok=False)
         raise

@@ -236,6 +236,31 @@ class CollectConfig(StrictModel):
     checkpoint_every_s: Positive = Field(description="Flush recorded data to disk this often (sim time).")
 
 
+class TrackConfig(StrictModel):
+    """Offline pose tracking (``track`` stage). Sigmas weight the fusion's residuals."""
+
+    method: Literal["camera", "onboard"] = Field(
+        default="camera", description="'camera': RGB-D + cable sensors; 'onboard': cable sensors + IMUs only."
+    )
+    min_blob_px: Annotated[int, Field(ge=1)] = Field(default=8, description="Smallest end-cap blob (pixels).")
+    camera_sigma_m: Positive = Field(default=0.003, description="Std of an end-cap centre seen by the camera.")
+    cable_sigma_m: Positive = Field(default=0.004, description="Std of a cable sensor reading (noise + bias).")
+    motion_sigma_m: Positive = Field(default=0.04, description="Std of an end cap's motion between two frames.")
+    roll_sigma_rad: Positive = Field(default=0.3, description="Std of a rod's roll change between two frames.")
+    gate_m: Positive = Field(default=0.12, description="Farthest a camera sighting may be from its prediction.")
+    ground_ransac_threshold_m: Positive = Field(default=0.006, description="RANSAC inlier distance to the ground.")
+    ground_ransac_iterations: Annotated[int, Field(ge=10)] = 1000
+    seed: int = 0
+
+
+class AttachConfig(StrictModel):
+    """Attachment-point inference (``attach`` stage)."""
+
+    rest_window_s: Positive = Field(
+        default=0.1, description="Initial stretch of the recording (s) taken as the rest state (before the motors act)."
+    )
+
+
 class PipelineConfig(StrictModel):
     campaign: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
     runs_dir: Path
@@ -243,6 +268,8 @@ class PipelineConfig(StrictModel):
     hardware_backend: Literal["twin"]
     hardware_config: Path
     collect: CollectConfig
+    track: TrackConfig = TrackConfig()
+    attach: AttachConfig = AttachConfig()
 
     @field_validator("runs_dir", "robot_config", "hardware_config")
     @classmethod
@@ -346,5 +373,28 @@ def apply_overrides(config: M, overrides: dict[str, object], source: Path) -> M:
         node[parts[-1]] = value
     try:
         return type(config).model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(source, exc)) from exc
+
+
+def _deep_merge(base: dict, overlay: dict, path: str, source: Path) -> dict:
+    merged = dict(base)
+    for key, value in overlay.items():
+        where = f"{path}.{key}" if path else key
+        if key not in base:
+            raise ConfigError(f"{source}: overlay field '{where}' does not exist in the robot config")
+        if isinstance(value, dict) and isinstance(base[key], dict):
+            merged[key] = _deep_merge(base[key], value, where, source)
+        else:
+            merged[key] = value
+    return merged
+
+
+def robot_with_overlay(robot: RobotConfig, overlay: dict[str, object], source: Path) -> RobotConfig:
+    """``robot`` with a nested overlay (e.g. ``{"attachment": {"phase_rad": [...]}}``, as the
+    attach and sysid stages write) merged in and re-validated; ``source`` names the overlay in errors."""
+    merged = _deep_merge(robot.model_dump(mode="json"), overlay, "", source)
+    try:
+        return RobotConfig.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(source, exc)) from exc

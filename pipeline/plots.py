@@ -13,6 +13,15 @@ import numpy as np
 from pipeline.hardware.twin_model import ROD_COLOURS
 
 
+def _png(fig: plt.Figure) -> bytes:
+    """Lay out, render to PNG bytes and close ``fig``."""
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
 def top_view_paths(caps_m: np.ndarray, title: str) -> bytes:
     """Plot end-cap paths seen from above.
 
@@ -35,8 +44,43 @@ def top_view_paths(caps_m: np.ndarray, title: str) -> bytes:
     ax.set_aspect("equal", adjustable="datalim")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return buffer.getvalue()
+    return _png(fig)
+
+
+def error_over_time(t_s: np.ndarray, error_mm: np.ndarray, confidence: np.ndarray, title: str) -> bytes:
+    """Plot per-cap errors ``error_mm`` (n, 6) and confidences (n, 6) against time ``t_s``
+    (n,) in two stacked panels; returns the PNG bytes."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), dpi=100, sharex=True)
+    for cap in range(error_mm.shape[1]):
+        style = {"color": ROD_COLOURS[cap // 2][:3], "linestyle": "--" if cap % 2 else "-", "lw": 1.0}
+        top.plot(t_s, error_mm[:, cap], label=f"cap {cap}", **style)
+        bottom.plot(t_s, confidence[:, cap], **style)
+    top.set_ylabel("error (mm)")
+    top.set_yscale("log")
+    top.set_title(title)
+    top.grid(True, alpha=0.3)
+    top.legend(fontsize=7, ncol=6, loc="upper right")
+    bottom.set_ylabel("confidence")
+    bottom.set_xlabel("t (s)")
+    bottom.set_ylim(0, 1.05)
+    bottom.grid(True, alpha=0.3)
+    return _png(fig)
+
+
+def attachment_views(caps_m: np.ndarray, points_m: np.ndarray) -> bytes:
+    """Plot the rest-state end caps (6, 3) and their attachment points (6, 3, 3) seen from
+    above (x-y) and from the side (x-z); returns the PNG bytes."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 5), dpi=100)
+    for ax, (i, j, label) in zip(axes, ((0, 1, "y (m)"), (0, 2, "z (m)")), strict=True):
+        for cap in range(6):
+            colour = ROD_COLOURS[cap // 2][:3]
+            ax.plot(caps_m[cap, i], caps_m[cap, j], "o", color=colour, ms=9, alpha=0.5)
+            ax.plot(points_m[cap, :, i], points_m[cap, :, j], "x", color="k", ms=5)
+        for rod in range(3):
+            ax.plot(caps_m[2 * rod : 2 * rod + 2, i], caps_m[2 * rod : 2 * rod + 2, j], color=ROD_COLOURS[rod][:3])
+        ax.set_xlabel("x (m)")
+        ax.set_ylabel(label)
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_title("attachment points at rest (x), end caps (o)")
+    return _png(fig)

@@ -7,6 +7,7 @@ origin at the rod centre. Positions are in metres.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -86,27 +87,77 @@ def reference_prism(robot: RobotConfig) -> np.ndarray:
     return caps - caps.mean(axis=0)
 
 
-def rod_frames(robot: RobotConfig, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rod centres (3, 3) and rotation matrices (3, 3, 3) from end-cap centres.
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cross product on the last axis (faster than np.cross for many small arrays)."""
+    return np.stack(
+        [
+            a[..., 1] * b[..., 2] - a[..., 2] * b[..., 1],
+            a[..., 2] * b[..., 0] - a[..., 0] * b[..., 2],
+            a[..., 0] * b[..., 1] - a[..., 1] * b[..., 0],
+        ],
+        axis=-1,
+    )
 
-    Each rod frame has z along the rod (first cap -> second cap) and x pointing
-    away from the robot's centroid, perpendicular to the rod.
+
+def _rod_axes(
+    robot: RobotConfig, caps: np.ndarray, roll_rad: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rod centres and frame axes x, y, z, each (..., 3, 3); see :func:`rod_frames`."""
+    caps = np.asarray(caps, float)
+    rods = np.asarray(robot.topology.rods)
+    first, second = caps[..., rods[:, 0], :], caps[..., rods[:, 1], :]
+    z = second - first
+    z = z / np.linalg.norm(z, axis=-1, keepdims=True)
+    centres = 0.5 * (first + second)
+    out = centres - caps.mean(axis=-2, keepdims=True)
+    x = out - np.sum(out * z, axis=-1, keepdims=True) * z
+    norm = np.linalg.norm(x, axis=-1, keepdims=True)
+    if (norm < 1e-9).any():
+        fallback = np.where(np.abs(z[..., :1]) < 0.9, [1.0, 0.0, 0.0], [0.0, 1.0, 0.0])
+        x = np.where(norm < 1e-9, _cross(z, fallback), x)
+        norm = np.linalg.norm(x, axis=-1, keepdims=True)
+    x = x / norm
+    y = _cross(z, x)
+    if roll_rad is not None:
+        c, s = np.cos(roll_rad)[..., None], np.sin(roll_rad)[..., None]
+        x, y = c * x + s * y, c * y - s * x
+    return centres, x, y, z
+
+
+def rod_frames(
+    robot: RobotConfig, caps: np.ndarray, roll_rad: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rod centres (..., 3, 3) and rotation matrices (..., 3, 3, 3) from end-cap centres (..., 6, 3).
+
+    Each rod frame has z along the rod (first cap -> second cap) and, by
+    convention, x pointing away from the robot's centroid, perpendicular to the
+    rod. ``roll_rad`` (..., 3), optional: each frame is then turned by that angle
+    about its z axis (a rod's actual roll relative to the convention).
     """
-    centroid = caps.mean(axis=0)
-    centres = np.zeros((N_RODS, 3))
-    rotations = np.zeros((N_RODS, 3, 3))
-    for i, (a, b) in enumerate(robot.topology.rods):
-        z = caps[b] - caps[a]
-        z /= np.linalg.norm(z)
-        centre = 0.5 * (caps[a] + caps[b])
-        out = centre - centroid
-        x = out - np.dot(out, z) * z
-        if np.linalg.norm(x) < 1e-9:
-            x = np.cross(z, [1.0, 0.0, 0.0] if abs(z[0]) < 0.9 else [0.0, 1.0, 0.0])
-        x /= np.linalg.norm(x)
-        rotations[i] = np.column_stack([x, np.cross(z, x), z])
-        centres[i] = centre
-    return centres, rotations
+    centres, x, y, z = _rod_axes(robot, caps, roll_rad)
+    return centres, np.stack([x, y, z], axis=-1)
+
+
+@functools.lru_cache(maxsize=64)
+def _cable_end_arrays(cables: tuple[Cable, ...]) -> tuple[np.ndarray, ...]:
+    """Rod indices (2, 9) and body-frame points (2, 9, 3) of both ends of every cable."""
+    rods = np.array([[c.a.rod for c in cables], [c.b.rod for c in cables]])
+    local = np.array([[c.a.local_m for c in cables], [c.b.local_m for c in cables]])
+    return rods, local
+
+
+def cable_lengths_from_caps(
+    robot: RobotConfig, cables: list[Cable], caps: np.ndarray, roll_rad: np.ndarray | None = None
+) -> np.ndarray:
+    """Distances (..., 9) between each cable's attachment points for end-cap centres (..., 6, 3),
+    with rod frames from :func:`rod_frames` (optional rolls ``roll_rad`` (..., 3))."""
+    centres, x, y, z = _rod_axes(robot, caps, roll_rad)
+    rods, local = _cable_end_arrays(tuple(cables))
+    ends = [
+        centres[..., r, :] + x[..., r, :] * p[:, :1] + y[..., r, :] * p[:, 1:2] + z[..., r, :] * p[:, 2:]
+        for r, p in zip(rods, local, strict=True)
+    ]
+    return np.linalg.norm(ends[1] - ends[0], axis=-1)
 
 
 def attachment_ring(robot: RobotConfig, rod: int, cap: int, phase_rad: float) -> np.ndarray:

@@ -10,6 +10,7 @@ Columns: ``t`` (s, float64), ``rgb_png`` (PNG of an H x W x 3 uint8 RGB image),
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import DataError
 from storage.tables import read_meta
+
+log = logging.getLogger(__name__)
 
 FRAMES_SCHEMA_VERSION = 1
 FRAMES_SCHEMA = pa.schema(
@@ -66,8 +69,13 @@ def frames_meta(path: Path) -> dict[str, object]:
     return meta
 
 
-def iter_frames(path: str | Path) -> Iterator[Frame]:
-    """Decode frames one at a time (constant memory)."""
+def iter_frames(path: str | Path, tolerant: bool = False) -> Iterator[Frame | None]:
+    """Decode frames one at a time (constant memory).
+
+    A frame that does not decode to an RGB image and a uint16 depth image of the
+    size in the metadata raises :class:`DataError`; with ``tolerant`` it is logged
+    and yielded as ``None`` instead, so the caller can count it and go on.
+    """
     path = Path(path)
     meta = frames_meta(path)
     size = (meta["camera"]["height_px"], meta["camera"]["width_px"])
@@ -79,5 +87,10 @@ def iter_frames(path: str | Path) -> Iterator[Frame]:
             bgr = cv2.imdecode(np.frombuffer(rgb_png, np.uint8), cv2.IMREAD_COLOR)
             depth = cv2.imdecode(np.frombuffer(depth_png, np.uint8), cv2.IMREAD_UNCHANGED)
             if bgr is None or depth is None or depth.dtype != np.uint16 or bgr.shape[:2] != size or depth.shape != size:
-                raise DataError(f"{path}: frame at t = {t:.3f} s is not a {size} RGB + uint16 depth pair")
+                message = f"{path}: frame at t = {t:.3f} s is not a {size} RGB + uint16 depth pair"
+                if not tolerant:
+                    raise DataError(message)
+                log.warning("%s; skipped", message)
+                yield None
+                continue
             yield Frame(t_s=t, rgb=cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), depth=depth)

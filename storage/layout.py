@@ -89,6 +89,14 @@ def write_manifest(stage_dir: Path, stage: str, complete: bool, summary: dict[st
     return Ref(path=str(stage_dir), sha256=sha256_file(stage_dir / MANIFEST))
 
 
+def complete_stage_ref(stage_dir: Path) -> Ref | None:
+    """The ref of ``stage_dir`` if its manifest says it is complete, else None."""
+    manifest = stage_dir / MANIFEST
+    if not manifest.is_file() or not json.loads(manifest.read_text()).get("complete"):
+        return None
+    return Ref(path=str(stage_dir), sha256=sha256_file(manifest))
+
+
 def read_manifest(ref: Ref, verify_files: bool = True) -> dict:
     """Load a ref's manifest, checking its hash and (optionally) every file's hash.
 

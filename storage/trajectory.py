@@ -8,7 +8,7 @@ column                 unit     required for source
 ``t``                  s        all (float64, non-decreasing, may be non-uniform)
 ``segment``            -        all (int32, index of the policy target)
 ``target_0..5``        -        all (normalised, [0, 1])
-``control_0..5``       -        hardware, sim (motor command, [-1, 1])
+``control_0..5``       -        hardware (see below), sim (motor command, [-1, 1])
 ``cable_0..8``         m        hardware (sensed lengths)
 ``cap{i}_x/_y/_z``     m        groundtruth, tracked, sim (end-cap centres, world)
 ``cap{i}_conf``        -        optional ([0, 1])
@@ -19,6 +19,11 @@ column                 unit     required for source
 =====================  =======  ==============================================
 
 Schema metadata (JSON under key ``r2s2r``) is validated by :class:`TrajectoryMeta`.
+
+``control_recorded`` (default true) says whether the motor command was recorded.
+Only a ``hardware`` file may set it to false (imported recordings whose format
+has no usable motor command, see :mod:`storage.tribar`); such a file must then
+have no ``control_*`` column at all. Every other source requires it true.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import DataError
 from storage.tables import read_meta, write_table
@@ -56,6 +61,13 @@ class TrajectoryMeta(BaseModel):
     sample_rate_hz: float = Field(gt=0)
     units: dict[str, str]
     complete: bool
+    control_recorded: bool = True
+
+    @model_validator(mode="after")
+    def _control_only_optional_for_hardware(self) -> TrajectoryMeta:
+        if not self.control_recorded and self.source != "hardware":
+            raise ValueError(f"control_recorded may be false only for source 'hardware', not '{self.source}'")
+        return self
 
 
 def _cols(prefix: str, n: int) -> list[str]:
@@ -131,8 +143,15 @@ def make_meta(
     return meta.model_dump(mode="json")
 
 
-def _validate_frame(path: Path, df: pd.DataFrame, source: str) -> None:
-    missing = [c for c in REQUIRED[source] if c not in df.columns]
+def _validate_frame(path: Path, df: pd.DataFrame, meta: TrajectoryMeta) -> None:
+    source = meta.source
+    required = REQUIRED[source]
+    if not meta.control_recorded:
+        required = [c for c in required if c not in CONTROL_COLS]
+        present = [c for c in CONTROL_COLS if c in df.columns]
+        if present:
+            raise DataError(f"{path}: metadata says control_recorded = false but the file has columns {present}")
+    missing = [c for c in required if c not in df.columns]
     if missing:
         raise DataError(f"{path}: source '{source}' requires columns {missing[:6]}{'...' if len(missing) > 6 else ''}")
     unknown = [c for c in df.columns if c not in _KNOWN and not _IMU_RE.match(c)]
@@ -158,7 +177,7 @@ def write_trajectory(path: Path, df: pd.DataFrame, meta: dict[str, object]) -> P
         checked = TrajectoryMeta.model_validate(meta)
     except ValidationError as exc:
         raise DataError(f"{path}: invalid trajectory metadata: {exc}") from exc
-    _validate_frame(path, df, checked.source)
+    _validate_frame(path, df, checked)
     table = pa.Table.from_pandas(df, schema=arrow_schema(list(df.columns)), preserve_index=False)
     write_table(path, table, checked.model_dump(mode="json"))
     return path
@@ -182,7 +201,7 @@ def read_trajectory(path: str | Path, expect_source: Source | None = None) -> tu
     if expect_source is not None and meta.source != expect_source:
         raise DataError(f"{path}: expected source '{expect_source}', file has '{meta.source}'")
     df = pq.read_table(path).to_pandas()
-    _validate_frame(path, df, meta.source)
+    _validate_frame(path, df, meta)
     return df, meta
 
 

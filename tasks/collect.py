@@ -8,7 +8,6 @@ iteration, stage version), so a second invocation never runs the hardware again.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import shutil
 from datetime import UTC, datetime
@@ -25,9 +24,9 @@ from pipeline.hardware import make_robot
 from pipeline.hardware.base import Robot, SensorPacket
 from pipeline.plots import top_view_paths
 from pipeline.policies import Policy, policy_from_name
-from storage.files import atomic_write_bytes, atomic_write_json, sha256_file
+from storage.files import atomic_write_bytes, atomic_write_json
 from storage.frames import iter_frames
-from storage.layout import MANIFEST, Ref, RunLayout, read_manifest, write_manifest
+from storage.layout import Ref, RunLayout, complete_stage_ref, read_manifest, write_manifest
 from storage.recording import FRAMES_FILE, GROUNDTRUTH_FILE, Recording, RecordingIdentity
 from storage.tracking import client_for
 from storage.trajectory import caps_array, read_trajectory
@@ -43,22 +42,12 @@ def collect_policy(configs: LoadedConfigs) -> Policy:
     return policy_from_name(configs.robot, c.policy, c.gait_cycles, c.random.n_targets, c.random.seed, c.random.levels)
 
 
-def _set_aside_incomplete(stage_dir: Path) -> None:
+def set_aside_incomplete(stage_dir: Path) -> None:
     """Keep an earlier, unfinished collection by renaming its folder."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     target = stage_dir.with_name(f"{stage_dir.name}.incomplete-{stamp}")
     shutil.move(stage_dir, target)
     log.warning("earlier incomplete collection kept at %s", target)
-
-
-def _existing_complete(stage_dir: Path) -> Ref | None:
-    manifest = stage_dir / MANIFEST
-    if not manifest.is_file():
-        return None
-    payload = json.loads(manifest.read_text())
-    if not payload.get("complete"):
-        return None
-    return Ref(path=str(stage_dir), sha256=sha256_file(manifest))
 
 
 def run_collect(
@@ -75,20 +64,18 @@ def run_collect(
     """
     layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
     stage_dir = layout.stage_dir(iteration, STAGE)
-    existing = _existing_complete(stage_dir)
+    existing = complete_stage_ref(stage_dir)
     if existing is not None:
         log.info("collect: reusing complete recording at %s", stage_dir)
         return existing, read_manifest(existing)["summary"]
     if stage_dir.exists():
-        _set_aside_incomplete(stage_dir)
+        set_aside_incomplete(stage_dir)
     policy = collect_policy(configs)
     robot = make_robot(configs) if robot is None else robot
     c = configs.pipeline.collect
     folder = stage_dir / policy.policy_id
     folder.mkdir(parents=True)
-    atomic_write_json(
-        folder / "policy.json", {"name": policy.name, "policy_id": policy.policy_id, "targets": policy.targets.tolist()}
-    )
+    write_policy_json(folder, policy.name, policy.policy_id, policy.targets)
     identity = RecordingIdentity(
         campaign=configs.pipeline.campaign,
         iteration=iteration,
@@ -154,17 +141,27 @@ def _summarise(truth: pd.DataFrame, policy: Policy, recording: Recording) -> dic
     }
 
 
-def _write_plots(stage_dir: Path, folder: Path, caps: np.ndarray, policy: Policy) -> None:
-    plots = stage_dir / "plots"
-    atomic_write_bytes(plots / "top_view.png", top_view_paths(caps, f"end-cap paths: {policy.policy_id}"))
-    if (folder / FRAMES_FILE).is_file():
-        import cv2
+def write_policy_json(folder: Path, name: str, policy_id: str, targets: np.ndarray) -> None:
+    """Write ``folder/policy.json``: the policy's name, id and targets (n, 6), atomically."""
+    atomic_write_json(folder / "policy.json", {"name": name, "policy_id": policy_id, "targets": targets.tolist()})
 
-        first = next(iter_frames(folder / FRAMES_FILE), None)
-        if first is not None:
-            ok, png = cv2.imencode(".png", cv2.cvtColor(first.rgb, cv2.COLOR_RGB2BGR))
-            if ok:
-                atomic_write_bytes(plots / "first_frame.png", png.tobytes())
+
+def write_first_frame_plot(stage_dir: Path, folder: Path) -> None:
+    """Save the first camera frame of ``folder``'s frames file (if any) as ``plots/first_frame.png``."""
+    if not (folder / FRAMES_FILE).is_file():
+        return
+    import cv2
+
+    first = next(iter_frames(folder / FRAMES_FILE), None)
+    if first is not None:
+        ok, png = cv2.imencode(".png", cv2.cvtColor(first.rgb, cv2.COLOR_RGB2BGR))
+        if ok:
+            atomic_write_bytes(stage_dir / "plots" / "first_frame.png", png.tobytes())
+
+
+def _write_plots(stage_dir: Path, folder: Path, caps: np.ndarray, policy: Policy) -> None:
+    atomic_write_bytes(stage_dir / "plots" / "top_view.png", top_view_paths(caps, f"end-cap paths: {policy.policy_id}"))
+    write_first_frame_plot(stage_dir, folder)
 
 
 def _cache_key(context: TaskRunContext, parameters: dict) -> str:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
-from pipeline.config import load_all
+from pipeline.config import load_all, robot_with_overlay
 from pipeline.errors import HardwareError
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.policies import random_policy
@@ -130,3 +131,21 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "collect")}
     assert artifacts == {"collect/top_view.png", "collect/first_frame.png"}
     assert "prefect.flow_run_id" in run.data.tags
+
+    # track and attach ran after collect, were cached the second time, and logged to the same run
+    for stage in ("track", "attach"):
+        assert first["stages"][stage]["cached"] is False
+        assert second["stages"][stage]["cached"] is True
+    assert run.data.metrics["track.error_cap_error_mean_mm"] < 10.0  # 320 x 240 test camera
+    assert run.data.metrics["track.error_identity_swaps"] == 0
+    assert "attach.phase_rad_0" in run.data.metrics
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "attach")} >= {"attach/attachment.png"}
+    overlay = Path(first["stages"]["attach"]["ref"]["path"]) / "attachment.yaml"
+    assert robot_with_overlay(configs.robot, yaml.safe_load(overlay.read_text()), overlay).attachment
+
+    # a single stage rerun with a changed setting: track recomputes, collect is read from disk
+    rerun = r2s2r_iteration(config, iteration=1, stages=["track", "attach"], overrides={"track.gate_m": 0.1})
+    assert executions == [1, 1]
+    assert set(rerun["stages"]) == {"track", "attach"}
+    assert rerun["stages"]["track"]["cached"] is False
+    assert rerun["stages"]["attach"]["cached"] is False  # its input changed

@@ -142,10 +142,10 @@ def state_from_caps(engine: Engine, params: Params, caps_m: torch.Tensor | np.nd
         caps = np.broadcast_to(caps, (params.batch_size, 6, 3))
     if caps.shape != (params.batch_size, 6, 3) or not np.isfinite(caps).all():
         raise ValueError(f"caps_m must be finite with shape ({params.batch_size}, 6, 3), got {caps.shape}")
-    frames = [rod_frames(robot, c) for c in caps]
+    centres, rotations = rod_frames(robot, caps)
     dtype, device = model.dtype, model.device
-    pos = torch.tensor(np.stack([f[0] for f in frames]), dtype=dtype, device=device)
-    rot = torch.tensor(np.stack([f[1] for f in frames]), dtype=dtype, device=device)
+    pos = torch.tensor(centres, dtype=dtype, device=device)
+    rot = torch.tensor(rotations, dtype=dtype, device=device)
     batch = params.batch_size
     zeros = torch.zeros(batch, N_ACTUATED, dtype=dtype, device=device)
     state = State(

@@ -1,0 +1,83 @@
+"""Import a real recording (Tribar layout) as an iteration's ``collect`` stage output.
+
+:func:`run_import` writes the same layout and manifest as :func:`tasks.collect.run_collect`
+(``<stage>/<policy_id>/{hardware,frames}.parquet``, ``policy.json``, ``plots/``,
+``manifest.json``), without ``groundtruth.parquet`` (real data have none), so the
+downstream stages run on it as on a twin collection.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import LoadedConfigs, config_hash
+from pipeline.errors import DataError
+from storage.layout import Ref, RunLayout, complete_stage_ref, write_manifest
+from storage.tribar import Extrinsics, import_tribar, read_tribar_config, source_digest
+from tasks.collect import STAGE, set_aside_incomplete, write_first_frame_plot, write_policy_json
+
+log = logging.getLogger(__name__)
+
+
+def import_policy_name(src_dir: Path) -> str:
+    """``tribar-<folder name>``, reduced to the characters a policy id may hold (``[A-Za-z0-9_.-]``)."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", src_dir.resolve().name).strip("-.")[:48]
+    return f"tribar-{slug or 'recording'}"
+
+
+def run_import(
+    configs: LoadedConfigs,
+    iteration: int,
+    src_dir: str | Path,
+    extrinsics: Extrinsics = Extrinsics.CAMERA_TO_WORLD,
+) -> tuple[Ref, dict[str, object]]:
+    """Import ``src_dir`` into ``runs/<campaign>/iter_<iteration>/collect/``.
+
+    The policy id is :func:`import_policy_name` plus the first 8 hex digits of
+    :func:`storage.tribar.source_digest`; ``policy.json`` holds the distinct
+    consecutive target vectors. Refuses (:class:`DataError`) to replace a complete
+    collect stage; an incomplete one is set aside, as ``run_collect`` does. Bad
+    ``config.json`` fails before anything is written. If the import fails later the
+    stage manifest is written with ``complete: false`` and the error propagates.
+    Returns the stage ref and the import summary (:meth:`ImportReport.summary` plus
+    ``policy_id``).
+    """
+    src_dir = Path(src_dir)
+    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    stage_dir = layout.stage_dir(iteration, STAGE)
+    if complete_stage_ref(stage_dir) is not None:
+        raise DataError(
+            f"{stage_dir}: already holds a complete collection; import into another iteration or campaign "
+            "(collected data are never overwritten)"
+        )
+    read_tribar_config(src_dir, extrinsics)
+    name = import_policy_name(src_dir)
+    policy_id = f"{name}-{source_digest(src_dir)[:8]}"
+    if stage_dir.exists():
+        set_aside_incomplete(stage_dir)
+    folder = stage_dir / policy_id
+    folder.mkdir(parents=True)
+    try:
+        report = import_tribar(
+            src_dir,
+            folder,
+            campaign=configs.pipeline.campaign,
+            iteration=iteration,
+            policy_id=policy_id,
+            robot_config_hash=config_hash(configs.robot),
+            extrinsics=extrinsics,
+        )
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        write_manifest(stage_dir, STAGE, complete=False, summary={"policy_id": policy_id, "error": error})
+        raise
+    write_policy_json(folder, name, policy_id, np.array(report.targets))
+    write_first_frame_plot(stage_dir, folder)
+    summary: dict[str, object] = {"policy_id": policy_id, **report.summary()}
+    ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
+    log.info("imported %s as %s", src_dir, ref.path)
+    return ref, summary
