@@ -29,7 +29,6 @@ from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-import mujoco
 import numpy as np
 
 from pipeline.attachment import infer_attachment
@@ -69,12 +68,9 @@ def _site_errors_mm(configs, caps: np.ndarray, cables: np.ndarray) -> dict[str, 
     estimate = infer_attachment(configs.robot, caps, cables)
     twin = MujocoTwin(configs.robot, configs.twin)
     twin.reset()
-    errors = []
-    for cable in twin.cables:
-        for side, end in (("a", cable.a), ("b", cable.b)):
-            site = mujoco.mj_name2id(twin.model, mujoco.mjtObj.mjOBJ_SITE, f"cable{cable.index}_{side}")
-            errors.append(np.linalg.norm(estimate.points_m[end.cap] - twin.data.site_xpos[site], axis=1).min())
-    return {"site_error_mean_mm": float(np.mean(errors)) * 1e3, "site_error_max_mm": float(np.max(errors)) * 1e3}
+    errors = estimate.site_errors_m(twin.attachment_sites()) * 1e3
+    twin.close()
+    return {"site_error_mean_mm": float(errors.mean()), "site_error_max_mm": float(errors.max())}
 
 
 def main() -> None:

@@ -48,6 +48,11 @@ class AttachmentEstimate:
     points_m: np.ndarray
     cable_residual_m: np.ndarray
 
+    def site_errors_m(self, sites: list[tuple[int, np.ndarray]]) -> np.ndarray:
+        """Distance (m) from each known site (end cap, world point (3,)) to the nearest
+        inferred point on the same end cap."""
+        return np.array([np.linalg.norm(self.points_m[cap] - point, axis=1).min() for cap, point in sites])
+
     def overlay(self) -> dict[str, object]:
         """The robot-config overlay that the engine reads."""
         return {"attachment": {"phase_rad": [float(p) for p in self.phase_rad]}}

@@ -12,8 +12,6 @@ hashes, the attach and robot configs and the stage version.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ from prefect import task
 from prefect.context import TaskRunContext
 
 from pipeline.attachment import AttachmentEstimate, infer_attachment
-from pipeline.config import LoadedConfigs, RobotConfig, config_hash, robot_with_overlay
+from pipeline.config import LoadedConfigs, RobotConfig, robot_with_overlay
 from pipeline.errors import DataError
 from pipeline.plots import attachment_views
 from storage.files import atomic_write_bytes, atomic_write_json
@@ -30,6 +28,7 @@ from storage.layout import Ref, RunLayout, write_manifest
 from storage.recording import HARDWARE_FILE
 from storage.tracking import client_for
 from storage.trajectory import CABLE_COLS, caps_array, read_trajectory
+from tasks.caching import stage_cache_key
 from tasks.track import TRACKED_FILE, recording_folders
 
 STAGE = "attach"
@@ -91,20 +90,8 @@ def run_attach(
 
 
 def _cache_key(context: TaskRunContext, parameters: dict) -> str:
-    configs: LoadedConfigs = parameters["configs"]
-    identity = json.dumps(
-        {
-            "runs_dir": str(configs.pipeline.runs_dir.resolve()),
-            "campaign": configs.pipeline.campaign,
-            "iteration": parameters["iteration"],
-            "track": parameters["track_ref"]["sha256"],
-            "collect": parameters["collect_ref"]["sha256"],
-            "attach": configs.pipeline.attach.model_dump(mode="json"),
-            "robot": config_hash(configs.robot),
-        },
-        sort_keys=True,
-    )
-    return f"{STAGE}-v{STAGE_VERSION}-{hashlib.sha256(identity.encode()).hexdigest()[:24]}"
+    inputs = {"track": parameters["track_ref"], "collect": parameters["collect_ref"]}
+    return stage_cache_key(STAGE, STAGE_VERSION, parameters["configs"], parameters["iteration"], inputs)
 
 
 @task(name=STAGE, cache_key_fn=_cache_key, persist_result=True, result_serializer="json")

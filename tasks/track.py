@@ -12,8 +12,6 @@ collect ref's hash, the track and robot configs and the stage version.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 import tempfile
 import time
@@ -38,6 +36,7 @@ from storage.layout import Ref, RunLayout, read_manifest, write_manifest
 from storage.recording import FRAMES_FILE, GROUNDTRUTH_FILE, HARDWARE_FILE
 from storage.tracking import client_for
 from storage.trajectory import CONF_COLS, caps_array, make_meta, read_trajectory, write_trajectory
+from tasks.caching import stage_cache_key
 
 STAGE = "track"
 STAGE_VERSION = "1"
@@ -157,19 +156,8 @@ def run_track(configs: LoadedConfigs, iteration: int, collect_ref: Ref) -> tuple
 
 
 def _cache_key(context: TaskRunContext, parameters: dict) -> str:
-    configs: LoadedConfigs = parameters["configs"]
-    identity = json.dumps(
-        {
-            "runs_dir": str(configs.pipeline.runs_dir.resolve()),
-            "campaign": configs.pipeline.campaign,
-            "iteration": parameters["iteration"],
-            "collect": parameters["collect_ref"]["sha256"],
-            "track": configs.pipeline.track.model_dump(mode="json"),
-            "robot": config_hash(configs.robot),
-        },
-        sort_keys=True,
-    )
-    return f"{STAGE}-v{STAGE_VERSION}-{hashlib.sha256(identity.encode()).hexdigest()[:24]}"
+    inputs = {"collect": parameters["collect_ref"]}
+    return stage_cache_key(STAGE, STAGE_VERSION, parameters["configs"], parameters["iteration"], inputs)
 
 
 @task(name=STAGE, cache_key_fn=_cache_key, persist_result=True, result_serializer="json")

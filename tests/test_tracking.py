@@ -161,8 +161,6 @@ def test_ground_plane_recovered_with_a_tilted_camera(default_configs) -> None:
 
 
 def test_attachment_points_reproduce_the_twin_sites(cw_recording, cw_tracked, default_configs) -> None:
-    import mujoco
-
     robot = default_configs.robot
     tracked, _ = cw_tracked
     sensors, _ = read_trajectory(cw_recording / HARDWARE_FILE, expect_source="hardware")
@@ -173,12 +171,10 @@ def test_attachment_points_reproduce_the_twin_sites(cw_recording, cw_tracked, de
     np.testing.assert_allclose(distance, robot.end_cap.radius_m, atol=1e-9)
     twin = MujocoTwin(robot, default_configs.twin)
     twin.reset()
-    errors = []
-    for cable in twin.cables:
-        for side, end in (("a", cable.a), ("b", cable.b)):
-            site = mujoco.mj_name2id(twin.model, mujoco.mjtObj.mjOBJ_SITE, f"cable{cable.index}_{side}")
-            errors.append(np.linalg.norm(estimate.points_m[end.cap] - twin.data.site_xpos[site], axis=1).min())
-    assert max(errors) < 0.004  # tracking (~1-2 mm) plus phase (~1 mm at the cap radius)
+    errors = estimate.site_errors_m(twin.attachment_sites())
+    twin.close()
+    assert len(errors) == 18
+    assert errors.max() < 0.004  # tracking (~1-2 mm) plus phase (~1 mm at the cap radius)
     nominal = infer_attachment(robot, rest_caps, rest_cables + 0.01)  # readings that cannot be met
     assert np.sqrt(np.mean(nominal.cable_residual_m**2)) > np.sqrt(np.mean(estimate.cable_residual_m**2))
     overlay = robot_with_overlay(robot, estimate.overlay(), Path("attachment.yaml"))

@@ -166,6 +166,16 @@ class MujocoTwin(Robot):
             rod_quat=self.data.xquat[self._rod_bodies].copy(),
         )
 
+    def attachment_sites(self) -> list[tuple[int, np.ndarray]]:
+        """Every cable end now: (end cap, world position (3,) m), two per cable (ground truth)."""
+        mujoco.mj_fwdPosition(self.model, self.data)
+        sites = []
+        for cable in self.cables:
+            for side, end in (("a", cable.a), ("b", cable.b)):
+                site = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_SITE, f"cable{cable.index}_{side}")
+                sites.append((end.cap, self.data.site_xpos[site].copy()))
+        return sites
+
     @property
     def camera(self) -> CameraInfo:
         cam = self.twin.camera
