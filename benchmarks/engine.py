@@ -105,6 +105,7 @@ def main() -> None:
             "backward_ratio": both / forward,
         }
         if args.compile:
+            torch._dynamo.reset()  # a fresh compile per batch size: no recompile limit, no shared guards
             compiled = torch.compile(engine.step, dynamic=False)
             start = time.perf_counter()
             with torch.no_grad():
