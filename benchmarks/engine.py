@@ -45,7 +45,8 @@ def _setup(engine: Engine, robot, batch: int):
 
 def _forward(step, params, state, control, steps: int) -> float:
     with torch.no_grad():
-        state = step(params, state, control)
+        for _ in range(2):  # warm-up; a compiled step may specialise again on its own outputs
+            state = step(params, state, control)
         start = time.perf_counter()
         for _ in range(steps):
             state = step(params, state, control)
