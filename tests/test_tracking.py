@@ -196,3 +196,17 @@ def test_bad_frames_and_missing_sensor_values_are_skipped_and_counted(cw_recordi
     assert np.isfinite(caps_array(tracked)).all()
     truth = _truth(cw_recording, tracked["t"].to_numpy())
     assert pose_errors(default_configs.robot, caps_array(tracked), truth)["cap_error_mean_mm"] < TRACK_TOLERANCE_MM
+
+
+@pytest.mark.slow
+def test_no_identity_swaps_over_sixty_seconds_of_rolling(tmp_path, default_configs) -> None:
+    """60 s of the cw gait: 21 rolls onto a new face, the camera at 640 x 480, noise on."""
+    folder = _collect(default_configs, tmp_path, "cw60", "cw", cycles=7)
+    sensors, _ = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
+    tracked, stats = _tracker(default_configs, folder).track(iter_frames(folder / FRAMES_FILE), sensors)
+    errors = pose_errors(default_configs.robot, caps_array(tracked), _truth(folder, tracked["t"].to_numpy()))
+    assert stats.frames_tracked == stats.frames_in
+    assert tracked["t"].iloc[-1] > 55.0
+    assert errors["identity_swaps"] == 0
+    assert errors["cap_error_mean_mm"] < TRACK_TOLERANCE_MM
+    assert errors["rod_axis_error_mean_deg"] < AXIS_TOLERANCE_DEG
