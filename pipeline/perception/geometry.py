@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import open3d as o3d
 from scipy.optimize import least_squares
+from scipy.spatial.transform import Rotation
 
 from pipeline.errors import DataError
 from pipeline.hardware.base import CameraInfo
@@ -78,21 +79,16 @@ def fit_ground(
     normal = nominal[:3, :3] @ normal_cam
     if normal[2] < 0:
         normal, normal_cam, offset = -normal, -normal_cam, -offset
-    axis = np.cross(normal, [0.0, 0.0, 1.0])
-    sin, cos = np.linalg.norm(axis), float(normal[2])
-    rotation = np.eye(3)
-    if sin > 1e-12:
-        k = axis / sin
-        kx = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
-        rotation = np.eye(3) + sin * kx + (1 - cos) * kx @ kx
+    rotation, _ = Rotation.align_vectors([[0.0, 0.0, 1.0]], [normal])  # the smallest rotation: normal -> z
+    tilt = np.arccos(np.clip(normal[2], -1.0, 1.0))
     corrected = nominal.copy()
-    corrected[:3, :3] = rotation @ nominal[:3, :3]
+    corrected[:3, :3] = rotation.as_matrix() @ nominal[:3, :3]
     # The camera centre is at height `offset` above the plane (signed distance of the origin).
     corrected[2, 3] = offset
     distances = points[inliers] @ normal_cam + offset
     return GroundFit(
         camera_to_world=corrected,
-        tilt_correction_deg=float(np.degrees(np.arctan2(sin, cos))),
+        tilt_correction_deg=float(np.degrees(tilt)),
         height_correction_m=float(offset - nominal[2, 3]),
         inlier_ratio=len(inliers) / len(points),
         rms_m=float(np.sqrt(np.mean(distances**2))),
