@@ -1,6 +1,6 @@
 """The ``r2s2r_iteration`` flow: one R2S2R iteration (DESIGN §1, §6).
 
-Stages so far: ``collect`` -> ``track`` -> ``attach``. The flow owns the
+Stages so far: ``collect`` -> ``track`` -> ``attach`` -> ``sysid``. The flow owns the
 iteration's MLflow run (one per iteration, reused on re-invocation) and hands its
 id to the stage tasks, which log through the client API. A stage that is not
 asked for but whose output a later stage needs is read from disk (its complete
@@ -20,9 +20,10 @@ from storage.layout import Ref, RunLayout, complete_stage_ref
 from storage.tracking import client_for, finish_run, flatten, iteration_run, log_params_once
 from tasks.attach import attach
 from tasks.collect import collect
+from tasks.sysid import sysid
 from tasks.track import track
 
-STAGES = ("collect", "track", "attach")
+STAGES = ("collect", "track", "attach", "sysid")
 
 
 def existing_ref(layout: RunLayout, iteration: int, stage: str) -> Ref:
@@ -83,6 +84,10 @@ def r2s2r_iteration(
         run("collect", lambda: collect(configs, iteration, run_id, return_state=True))
         run("track", lambda: track(configs, iteration, run_id, ref("collect"), return_state=True))
         run("attach", lambda: attach(configs, iteration, run_id, ref("track"), ref("collect"), return_state=True))
+        run(
+            "sysid",
+            lambda: sysid(configs, iteration, run_id, ref("collect"), ref("track"), ref("attach"), return_state=True),
+        )
     except BaseException:
         finish_run(client, run_id, ok=False)
         raise

@@ -54,8 +54,12 @@ class MotorConfig(StrictModel):
     mass_kg: Positive
     offset_m: Positive = Field(description="Distance of each motor centre from the rod centre.")
     omega_max_rad_s: Positive = Field(description="Maximum motor angular speed.")
-    speed: Fraction = Field(description="Speed setting s in omega = s * omega_max * u (seed 001 App. C).")
+    speed: Annotated[float, Field(gt=0, le=2)] = Field(
+        description="Speed scale s in omega = s * omega_max * u (seed 001 App. C); the firmware's setting, "
+        "or the identified effective value."
+    )
     winch_radius_m: Positive
+    time_constant_s: NonNegative = Field(default=0.0, description="First-order lag of motor speed (s).")
 
 
 class ActuatedCableConfig(StrictModel):
@@ -107,6 +111,14 @@ class PIDConfig(StrictModel):
         description="A cable has reached its target when |normalised error| < tolerance."
     )
     control_rate_hz: Positive
+    latency_s: NonNegative = Field(default=0.0, description="Delay from a sensor reading to its motor command (s).")
+
+
+class ContactConfig(StrictModel):
+    """Ground contact of the end caps and motors, as the engine models it."""
+
+    friction: NonNegative = Field(default=0.8, description="Coulomb friction coefficient.")
+    restitution: Fraction = Field(default=0.0, description="Normal restitution coefficient.")
 
 
 class SensorConfig(StrictModel):
@@ -132,6 +144,7 @@ class RobotConfig(StrictModel):
     pid: PIDConfig
     sensors: SensorConfig
     feasibility: FeasibilityConfig
+    ground: ContactConfig = ContactConfig()
 
     @model_validator(mode="after")
     def _check_geometry(self) -> RobotConfig:
@@ -261,6 +274,82 @@ class AttachConfig(StrictModel):
     )
 
 
+EngineParameter = Literal[
+    "motor_speed",
+    "motor_time_constant",
+    "friction",
+    "restitution",
+    "actuated_stiffness",
+    "actuated_damping",
+    "passive_stiffness",
+    "passive_cubic_stiffness",
+    "passive_damping",
+    "passive_rest_length",
+]
+"""Names of the engine's identifiable parameters (``pipeline.physics.params.BOUNDS``)."""
+
+
+class PriorConfig(StrictModel):
+    """A measured value of a parameter and how far to trust it (seed 003's prior-regularised fit)."""
+
+    value: float = Field(description="Prior mean, in the parameter's SI unit.")
+    scale: Positive = Field(description="Prior standard deviation, same unit.")
+
+
+class SysidConfig(StrictModel):
+    """System identification (``sysid`` stage): Key Frame Loss and the alternatives of seed 000."""
+
+    parameters: tuple[EngineParameter, ...] = Field(
+        default=("motor_speed", "friction", "restitution"), min_length=1, description="Parameters to identify."
+    )
+    warmup_parameters: tuple[EngineParameter, ...] = Field(
+        default=("motor_speed",), description="Identified alone first (those also in `parameters`)."
+    )
+    warmup_iterations: Annotated[int, Field(ge=0)] = Field(default=15, description="Steps of the warm-up.")
+    loss: Literal["kfl", "last_step", "all_step", "multiple_shooting"] = "kfl"
+    shooting_windows: Annotated[int, Field(ge=1)] = Field(default=4, description="Windows of multiple shooting.")
+    mask_filter: bool = Field(default=True, description="KFL: keep only key frames that agree with the total time.")
+    monotonic_only: bool = Field(default=False, description="Drop gaits in which a cable's command changed sign.")
+    lr: Positive = Field(default=0.1, description="Adam learning rate, in units of each parameter's scale.")
+    adam_betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        default=(0.5, 0.9), description="Adam's moment decays (less momentum than the usual (0.9, 0.999))."
+    )
+    unit_clip: Annotated[float, Field(gt=0)] = Field(
+        default=3.0, description="Clip each key frame's gradient to this times the median key-frame gradient norm."
+    )
+    average_last: Annotated[int, Field(ge=1)] = Field(
+        default=5, description="Report the mean of the last this many iterates."
+    )
+    lr_decay: Annotated[float, Field(gt=0, le=1)] = Field(default=0.93, description="Learning-rate factor per step.")
+    iterations: Annotated[int, Field(ge=1)] = 25
+    min_iterations: Annotated[int, Field(ge=1)] = 10
+    tolerance: Positive = Field(
+        default=2e-3, description="Converged when no parameter moved more than this (in scales) for `patience` steps."
+    )
+    patience: Annotated[int, Field(ge=1)] = 5
+    dt_s: Positive = Field(default=0.005, description="Engine time step for identification (s).")
+    position_sigma_m: Positive = Field(default=0.005, description="Std of a tracked end cap, weighting defects (m).")
+    duration_cap: Annotated[float, Field(ge=1)] = Field(
+        default=1.25, description="KFL: an engine gait runs at most this times the data gait's duration."
+    )
+    chunk_s: Positive = Field(
+        default=2.0, description="KFL: consecutive gaits run as one engine rollout of about this much data (s)."
+    )
+    settle_s: Positive = Field(default=0.3, description="Settling time of each window's start state (s).")
+    holdout_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=0.3, description="Last fraction of each trajectory's gaits held out for validation."
+    )
+    latency_grid_s: tuple[Annotated[float, Field(ge=0)], ...] = Field(
+        default=(0.0, 0.02, 0.04, 0.06, 0.08, 0.1),
+        description="Control latencies tried before the gradient fit (s); the best goes to pid.latency_s. "
+        "Empty: keep the robot config's.",
+    )
+    priors: dict[EngineParameter, PriorConfig] = Field(default_factory=dict)
+    scales: dict[EngineParameter, Positive] = Field(
+        default_factory=dict, description="Override a parameter's optimisation scale (SI unit, or log for log-scaled)."
+    )
+
+
 class PipelineConfig(StrictModel):
     campaign: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
     runs_dir: Path
@@ -270,6 +359,7 @@ class PipelineConfig(StrictModel):
     collect: CollectConfig
     track: TrackConfig = TrackConfig()
     attach: AttachConfig = AttachConfig()
+    sysid: SysidConfig = SysidConfig()
 
     @field_validator("runs_dir", "robot_config", "hardware_config")
     @classmethod

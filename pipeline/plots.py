@@ -84,3 +84,40 @@ def attachment_views(caps_m: np.ndarray, points_m: np.ndarray) -> bytes:
         ax.grid(True, alpha=0.3)
     axes[0].set_title("attachment points at rest (x), end caps (o)")
     return _png(fig)
+
+
+def sysid_history(iterations: np.ndarray, values: dict[str, np.ndarray], loss: np.ndarray, title: str) -> bytes:
+    """Parameter trajectories (one panel each, SI units) and the loss over optimiser steps.
+
+    ``iterations`` (n,); ``values`` name -> (n,); ``loss`` (n,). Returns the PNG bytes.
+    """
+    fig, axes = plt.subplots(len(values) + 1, 1, figsize=(7, 1.8 * (len(values) + 1)), dpi=100, sharex=True)
+    for ax, (name, series) in zip(axes, values.items(), strict=False):
+        ax.plot(iterations, series, color="C0", lw=1.5)
+        ax.set_ylabel(name, fontsize=8)
+        ax.grid(True, alpha=0.3)
+    axes[-1].plot(iterations, loss, color="C3", lw=1.5)
+    axes[-1].set_yscale("log")
+    axes[-1].set_ylabel("loss")
+    axes[-1].set_xlabel("step")
+    axes[-1].grid(True, alpha=0.3)
+    axes[0].set_title(title)
+    return _png(fig)
+
+
+def replay_paths(data_caps_m: np.ndarray, engines: dict[str, np.ndarray], title: str) -> bytes:
+    """Centroid paths seen from above: the data (black) and each engine replay (label -> (n, 6, 3)
+    end caps, m), start circles and end squares. Returns the PNG bytes."""
+    fig, ax = plt.subplots(figsize=(6, 6), dpi=100)
+    for (label, caps), colour in zip([("data", data_caps_m), *engines.items()], ["k", "C1", "C0", "C2"], strict=False):
+        centre = caps.mean(axis=1)
+        ax.plot(centre[:, 0], centre[:, 1], color=colour, lw=2 if label == "data" else 1.5, label=label)
+        ax.plot(*centre[0, :2], "o", color=colour, ms=5)
+        ax.plot(*centre[-1, :2], "s", color=colour, ms=6)
+    ax.set_xlabel("x (m)")
+    ax.set_ylabel("y (m)")
+    ax.set_title(title)
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _png(fig)

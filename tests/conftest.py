@@ -34,6 +34,18 @@ def default_configs() -> LoadedConfigs:
     return load_all(DEFAULT_PIPELINE)
 
 
+SMALL_SYSID = {
+    "iterations": 3,
+    "warmup_iterations": 2,
+    "min_iterations": 1,
+    "average_last": 1,
+    "dt_s": 0.005,
+    "chunk_s": 2.0,
+    "latency_grid_s": [0.0, 0.06],
+}
+"""A sysid short enough for flow tests (its accuracy is tested in test_sysid.py)."""
+
+
 def write_test_pipeline(folder: Path, campaign: str = "test", n_targets: int = 4, **collect: object) -> Path:
     """Write a pipeline config (and a small-camera twin config) under ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -49,6 +61,7 @@ def write_test_pipeline(folder: Path, campaign: str = "test", n_targets: int = 4
     )
     pipeline["collect"]["random"]["n_targets"] = n_targets
     pipeline["collect"].update(collect)
+    pipeline["sysid"].update(SMALL_SYSID)
     path = folder / "pipeline.yaml"
     path.write_text(yaml.safe_dump(pipeline))
     return path

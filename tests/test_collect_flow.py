@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -132,8 +133,8 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert artifacts == {"collect/top_view.png", "collect/first_frame.png"}
     assert "prefect.flow_run_id" in run.data.tags
 
-    # track and attach ran after collect, were cached the second time, and logged to the same run
-    for stage in ("track", "attach"):
+    # track, attach and sysid ran after collect, were cached the second time, and logged to the same run
+    for stage in ("track", "attach", "sysid"):
         assert first["stages"][stage]["cached"] is False
         assert second["stages"][stage]["cached"] is True
     assert run.data.metrics["track.error_cap_error_mean_mm"] < 10.0  # 320 x 240 test camera
@@ -142,6 +143,20 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert {a.path for a in client.list_artifacts(run.info.run_id, "attach")} >= {"attach/attachment.png"}
     overlay = Path(first["stages"]["attach"]["ref"]["path"]) / "attachment.yaml"
     assert robot_with_overlay(configs.robot, yaml.safe_load(overlay.read_text()), overlay).attachment
+    sysid_dir = Path(first["stages"]["sysid"]["ref"]["path"])
+    identified = yaml.safe_load((sysid_dir / "identified.yaml").read_text())
+    assert set(identified) == {"motor", "ground", "pid"} and set(identified["ground"]) == {"friction", "restitution"}
+    history = pq.read_table(sysid_dir / "history.parquet").to_pandas()
+    assert len(history) == 3 + 2 and history["loss"].notna().all()  # 2 warm-up steps (motor speed alone)
+    assert run.data.params["sysid.identified.motor_speed"] == f"{identified['motor']['speed']:.6g}"
+    assert len(client.get_metric_history(run.info.run_id, "sysid.loss")) == 3 + 2
+    assert "sysid.truth_error.friction" in run.data.metrics  # the twin: scored against its hidden truth
+    assert "sysid.holdout.after.key_frame_error_mm" in run.data.metrics
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "sysid")} >= {
+        "sysid/parameters.png",
+        "sysid/identified.yaml",
+        "sysid/history.parquet",
+    }
 
     # a single stage rerun with a changed setting: track recomputes, collect is read from disk
     rerun = r2s2r_iteration(config, iteration=1, stages=["track", "attach"], overrides={"track.gate_m": 0.1})

@@ -91,25 +91,11 @@ class Params:
         batch: int = 1,
         dtype: torch.dtype = torch.float64,
         device: torch.device | str = "cpu",
-        restitution: float = 0.0,
-        friction: float = 0.8,
-        motor_time_constant: float = 0.0,
         **overrides: float,
     ) -> Params:
-        """Nominal parameters from the robot config; ground contact and motor lag are not in it and
-        are given here."""
-        values = {
-            "motor_speed": robot.motor.speed,
-            "motor_time_constant": motor_time_constant,
-            "friction": friction,
-            "restitution": restitution,
-            "actuated_stiffness": robot.actuated_cable.stiffness_n_per_m,
-            "actuated_damping": robot.actuated_cable.damping_n_s_per_m,
-            "passive_stiffness": robot.passive_cable.stiffness_n_per_m,
-            "passive_cubic_stiffness": robot.passive_cable.cubic_stiffness_n_per_m3,
-            "passive_damping": robot.passive_cable.damping_n_s_per_m,
-            "passive_rest_length": robot.passive_cable.rest_length_m,
-        }
+        """Parameters from the robot config (nominal or identified values), with ``overrides``
+        by parameter name."""
+        values = robot_values(robot)
         unknown = set(overrides) - set(values)
         if unknown:
             raise ParameterBoundsError(f"unknown engine parameters {sorted(unknown)}; known: {sorted(values)}")
@@ -117,3 +103,43 @@ class Params:
         return cls(
             **{k: torch.full((batch,), float(v), dtype=dtype, device=device) for k, v in values.items()}
         ).validate()
+
+
+def robot_values(robot: RobotConfig) -> dict[str, float]:
+    """The engine parameters a robot config holds, by name (SI units, see :data:`UNITS`)."""
+    return {
+        "motor_speed": robot.motor.speed,
+        "motor_time_constant": robot.motor.time_constant_s,
+        "friction": robot.ground.friction,
+        "restitution": robot.ground.restitution,
+        "actuated_stiffness": robot.actuated_cable.stiffness_n_per_m,
+        "actuated_damping": robot.actuated_cable.damping_n_s_per_m,
+        "passive_stiffness": robot.passive_cable.stiffness_n_per_m,
+        "passive_cubic_stiffness": robot.passive_cable.cubic_stiffness_n_per_m3,
+        "passive_damping": robot.passive_cable.damping_n_s_per_m,
+        "passive_rest_length": robot.passive_cable.rest_length_m,
+    }
+
+
+ROBOT_FIELDS: dict[str, tuple[str, str]] = {
+    "motor_speed": ("motor", "speed"),
+    "motor_time_constant": ("motor", "time_constant_s"),
+    "friction": ("ground", "friction"),
+    "restitution": ("ground", "restitution"),
+    "actuated_stiffness": ("actuated_cable", "stiffness_n_per_m"),
+    "actuated_damping": ("actuated_cable", "damping_n_s_per_m"),
+    "passive_stiffness": ("passive_cable", "stiffness_n_per_m"),
+    "passive_cubic_stiffness": ("passive_cable", "cubic_stiffness_n_per_m3"),
+    "passive_damping": ("passive_cable", "damping_n_s_per_m"),
+    "passive_rest_length": ("passive_cable", "rest_length_m"),
+}
+"""Where each engine parameter lives in the robot config (section, field): the sysid overlay's keys."""
+
+
+def robot_overlay(values: dict[str, float]) -> dict[str, dict[str, float]]:
+    """A nested robot-config overlay (``{"motor": {"speed": ...}}``) for engine parameter ``values``."""
+    overlay: dict[str, dict[str, float]] = {}
+    for name, value in values.items():
+        section, field = ROBOT_FIELDS[name]
+        overlay.setdefault(section, {})[field] = float(value)
+    return overlay

@@ -21,6 +21,7 @@ from pipeline.control import pid_update
 from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
 from pipeline.physics.rotations import matrix_to_quat
+from pipeline.physics.statics import equilibrium_rest_lengths
 from pipeline.robot_model import N_ACTUATED, rod_frames
 
 
@@ -28,13 +29,14 @@ from pipeline.robot_model import N_ACTUATED, rod_frames
 class Trace:
     """What a rollout recorded at every control tick.
 
-    ``t_s`` (T,) s; ``caps_m`` (B, T, 6, 3) end-cap centres; ``segment`` (B, T) index
-    of the target being executed; ``control`` (B, T, 6) motor commands;
-    ``finished`` (B, T) whether the environment had completed its policy.
+    ``t_s`` (T,) s; ``caps_m`` (B, T, 6, 3) end-cap centres; ``cables_m`` (B, T, 9) cable
+    lengths; ``segment`` (B, T) index of the target being executed; ``control`` (B, T, 6)
+    motor commands; ``finished`` (B, T) whether the environment had completed its policy.
     """
 
     t_s: torch.Tensor
     caps_m: torch.Tensor
+    cables_m: torch.Tensor
     segment: torch.Tensor
     control: torch.Tensor
     finished: torch.Tensor
@@ -51,19 +53,27 @@ def run_policy(
     state: State,
     targets: torch.Tensor,
     pid: PIDConfig,
-    segment_timeout_s: float,
+    segment_timeout_s: float | torch.Tensor,
     final_hold_s: float = 1.0,
     latency_s: float = 0.0,
     max_time_s: float | None = None,
+    detach_between_segments: bool = False,
 ) -> tuple[State, Trace]:
     """Run ``targets`` ((S, 6) shared or (B, S, 6) per environment) from ``state``.
 
     Each control tick reads the actuated cable lengths, advances an environment to
     its next target when all six are within ``pid.tolerance`` (or the segment timed
-    out), runs the PID, and holds the command for the physics steps of the tick;
-    commands reach the motors ``latency_s`` later. After the last target is reached
-    an environment is held for ``final_hold_s`` and then stops commanding. Returns
-    the final state and the :class:`Trace` (differentiable in ``params`` and ``state``).
+    out after ``segment_timeout_s``: one value, (B,) per environment or (B, S) per
+    environment and segment), runs the PID, and holds the command for the physics
+    steps of the tick; commands reach the motors ``latency_s`` later. After the last
+    target is reached an environment is held for ``final_hold_s`` and then stops
+    commanding. Returns the final state and the :class:`Trace` (differentiable in
+    ``params`` and ``state``). With ``detach_between_segments`` an environment's state
+    is detached when it moves on to its next target (after that tick is recorded, so
+    the recorded end of a segment keeps its gradient), and each segment's gradient
+    starts there (the Key Frame Loss's windows). ``params`` may hold (B, S) tensors:
+    one value per environment and segment, so each segment's gradient can be read
+    separately.
     """
     robot = engine.model.robot
     batch = state.batch_size
@@ -72,6 +82,15 @@ def run_policy(
     if targets.dim() == 2:
         targets = targets.expand(batch, *targets.shape)
     n_segments = targets.shape[1]
+    rows = torch.arange(batch, device=device)
+    per_segment = params.motor_speed.dim() == 2
+    if per_segment and params.motor_speed.shape != (batch, n_segments):
+        raise ValueError(
+            f"per-segment parameters must be ({batch}, {n_segments}), got {tuple(params.motor_speed.shape)}"
+        )
+    timeouts = torch.as_tensor(segment_timeout_s, dtype=dtype, device=device)
+    if timeouts.dim() < 2:
+        timeouts = timeouts.expand(batch).reshape(batch, 1).expand(batch, n_segments)
     tick_s = 1.0 / pid.control_rate_hz
     substeps = max(1, round(tick_s / engine.dt))
     lo, span = robot.actuated_cable.min_length_m, robot.actuated_cable.range_m
@@ -82,15 +101,17 @@ def run_policy(
     previous = torch.zeros_like(integral)
     has_previous = torch.zeros(batch, 1, dtype=torch.bool, device=device)
     pending: deque[torch.Tensor] = deque(torch.zeros_like(integral) for _ in range(round(latency_s / tick_s)))
-    times, caps, segments, controls, finished_log = [], [], [], [], []
+    times, caps, cables, segments, controls, finished_log = [], [], [], [], [], []
     tick = 0
     while True:
         t = tick * tick_s
-        position = (engine.cable_lengths(state)[:, :N_ACTUATED] - lo) / span
+        lengths = engine.cable_lengths(state)
+        position = (lengths[:, :N_ACTUATED] - lo) / span
         target = targets[torch.arange(batch, device=device), segment]
         holding = torch.isfinite(hold_until)
         reached = (torch.abs(position - target) < pid.tolerance).all(-1)
-        advance = (reached | (t - segment_start >= segment_timeout_s)) & ~holding
+        timeout = timeouts[torch.arange(batch, device=device), segment]
+        advance = (reached | (t - segment_start >= timeout)) & ~holding
         last = segment == n_segments - 1
         hold_until = torch.where(advance & last, torch.full_like(hold_until, t + final_hold_s), hold_until)
         moving_on = advance & ~last
@@ -106,24 +127,45 @@ def run_policy(
         previous, has_previous = error, torch.ones_like(has_previous)
         times.append(t)
         caps.append(engine.cap_positions(state))
+        cables.append(lengths)
         segments.append(segment)
         controls.append(u)
         finished_log.append(finished)
         if bool(finished.all()) or (max_time_s is not None and t >= max_time_s):
             break
+        if detach_between_segments and bool(moving_on.any()):
+            state = _detach_where(state, moving_on)
+            pending = deque(torch.where(moving_on[:, None], p.detach(), p) for p in pending)
+            u = torch.where(moving_on[:, None], u.detach(), u)
+            integral = torch.where(moving_on[:, None], integral.detach(), integral)
+            previous = torch.where(moving_on[:, None], previous.detach(), previous)
         pending.append(u)
         applied = pending.popleft()
+        active = params
+        if per_segment:
+            active = Params(**{n: v[rows, segment] for n, v in params.as_dict().items()})
         for _ in range(substeps):
-            state = engine.step(params, state, applied)
+            state = engine.step(active, state, applied)
         tick += 1
     trace = Trace(
         t_s=torch.tensor(times, dtype=dtype, device=device),
         caps_m=torch.stack(caps, dim=1),
+        cables_m=torch.stack(cables, dim=1),
         segment=torch.stack(segments, dim=1),
         control=torch.stack(controls, dim=1),
         finished=torch.stack(finished_log, dim=1),
     )
     return state, trace
+
+
+def _detach_where(state: State, envs: torch.Tensor) -> State:
+    """``state`` with the environments ``envs`` (B,) bool cut from the graph."""
+    return State(
+        **{
+            name: torch.where(envs.reshape(-1, *[1] * (value.dim() - 1)), value.detach(), value)
+            for name, value in vars(state).items()
+        }
+    )
 
 
 def state_from_caps(engine: Engine, params: Params, caps_m: torch.Tensor | np.ndarray) -> State:
@@ -132,8 +174,8 @@ def state_from_caps(engine: Engine, params: Params, caps_m: torch.Tensor | np.nd
     Each rod's centre and axis come from its two caps (its length is kept at the
     model's); its roll about the axis, which caps cannot show, follows the model
     convention (body x away from the robot's centroid). Actuated rest lengths are
-    set so the cables carry the tension that balances the passive tendons in a
-    3-prism (passive tension / sqrt(3)), and :func:`settle` should follow.
+    those that hold the pose in static equilibrium with the ground
+    (:func:`~pipeline.physics.statics.equilibrium_rest_lengths`); :func:`settle` may follow.
     """
     model = engine.model
     robot = model.robot
@@ -156,11 +198,7 @@ def state_from_caps(engine: Engine, params: Params, caps_m: torch.Tensor | np.nd
         rest_length=zeros,
         motor_omega=zeros,
     )
-    lengths = engine.cable_lengths(state)
-    stretch = (lengths[:, N_ACTUATED:] - params.passive_rest_length[:, None]).clamp(min=0)
-    passive = params.passive_stiffness[:, None] * stretch + params.passive_cubic_stiffness[:, None] * stretch**3
-    actuated_tension = passive.mean(-1, keepdim=True) / math.sqrt(3.0)
-    rest = lengths[:, :N_ACTUATED] - actuated_tension / params.actuated_stiffness[:, None]
+    rest = equilibrium_rest_lengths(engine, params, state)
     return state.replace(rest_length=rest.detach())
 
 
@@ -168,12 +206,14 @@ def state_from_caps(engine: Engine, params: Params, caps_m: torch.Tensor | np.nd
 def settle(
     engine: Engine, params: Params, state: State, pid: PIDConfig, hold_target: torch.Tensor, duration_s: float = 2.0
 ) -> State:
-    """Let ``state`` come to rest under gravity with the PID holding ``hold_target`` (6,)."""
+    """Let ``state`` come to rest under gravity with the PID holding ``hold_target`` ((6,) shared or
+    (B, 6) per environment)."""
+    hold_target = torch.as_tensor(hold_target, dtype=state.pos.dtype, device=state.pos.device)
     final, _ = run_policy(
         engine,
         params,
         state,
-        hold_target[None, :],
+        hold_target[..., None, :],
         pid,
         segment_timeout_s=duration_s,
         final_hold_s=duration_s,

@@ -1,0 +1,216 @@
+"""Gradient-descent identification through the differentiable engine (seed 000, seed 003).
+
+:func:`identify` runs Adam on the scaled coordinates of a
+:class:`~pipeline.sysid.parameters.ParameterSpace` to minimise a trajectory loss
+(KFL by default) plus the optional prior, with an exponentially decaying learning
+rate, projection into the physical bounds after every step, and an early stop once
+no parameter has moved more than ``tolerance`` (in its scale) for ``patience`` steps.
+
+The gradient is gathered per unit of the loss (a key frame, or a window): each
+unit's gradient is clipped to ``unit_clip`` times the median unit norm before they
+are summed, so one key frame whose gradient explodes through a contact event does
+not decide the step (it still counts, with the weight of a typical one).
+
+The engine's gradients hold the discrete events of a rollout fixed (which tick a
+target is reached, which contacts are active), so their *direction* is informative
+but their *size* is not: it jumps when an event moves by a tick (e.g. a gradient 20
+times larger just below the true motor speed than just above it), and such jumps
+would steer Adam's moment estimates for tens of steps. Each step's gradient is
+therefore normalised to unit norm before Adam sees it (normalised gradient descent;
+Adam's per-parameter scaling still applies), with less momentum than Adam's
+default (``adam_betas`` (0.5, 0.9)) so it does not overshoot on a kinked loss. The
+candidate answer is the mean of the last ``average_last`` iterates (iterate
+averaging, for the oscillation left by noisy key frames).
+
+The masked KFL is not one fixed function (the mask changes with the parameters), so
+the answer is chosen by the *unfiltered* loss (every scored key frame): the averaged
+iterate, unless an evaluated iterate (the start included) scored lower. So the
+result is never worse than the start on the fitting data's key frames.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from pipeline.config import SysidConfig
+from pipeline.physics.params import Params
+from pipeline.sysid.losses import LossValue, TrajectoryLoss
+from pipeline.sysid.parameters import ParameterSpace
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimiser step: parameter values before it, the losses there, and its gradient."""
+
+    iteration: int
+    values: dict[str, float]
+    loss: float
+    unfiltered_loss: float
+    prior: float
+    kept_fraction: float
+    gradient: dict[str, float]
+    lr: float
+    wall_s: float
+
+
+@dataclass
+class Identification:
+    """The identified values (SI), the parameters for the engine, and the step history."""
+
+    values: dict[str, float]
+    params: Params
+    history: list[Step] = field(default_factory=list)
+    converged: bool = False
+    wall_s: float = 0.0
+
+    @property
+    def iterations(self) -> int:
+        return len(self.history)
+
+
+def identify(
+    loss_fn: TrajectoryLoss,
+    space: ParameterSpace,
+    config: SysidConfig,
+    progress: Callable[[Step], None] | None = None,
+) -> Identification:
+    """Minimise ``loss_fn`` over ``space``'s parameters; ``progress`` is called after every step
+    (its gradient is the aggregated one, before normalisation)."""
+    theta = space.initial().clone().requires_grad_(True)
+    optimiser = torch.optim.Adam([theta], lr=config.lr, betas=config.adam_betas)
+    schedule = torch.optim.lr_scheduler.ExponentialLR(optimiser, gamma=config.lr_decay)
+    history: list[Step] = []
+    start = time.perf_counter()
+    still = 0
+    converged = False
+    iterates: list[torch.Tensor] = []
+    for iteration in range(config.iterations):
+        optimiser.zero_grad()
+        value, per_unit = unit_gradients(loss_fn, space, theta)
+        gradient = robust_sum(per_unit, config.unit_clip)
+        prior = space.prior_penalty(theta)
+        if prior.requires_grad:
+            prior_gradient = torch.autograd.grad(prior / max(loss_fn.units, 1), theta)[0]
+            gradient = gradient + prior_gradient
+        if not torch.isfinite(gradient).all():
+            raise FloatingPointError(f"sysid: non-finite gradient at step {iteration}: {gradient.tolist()}")
+        before = theta.detach().clone()
+        step = Step(
+            iteration=iteration,
+            values={n: float(v) for n, v in space.values(before).items()},
+            loss=float(value.loss.detach()),
+            unfiltered_loss=value.unfiltered,
+            prior=float(prior.detach()),
+            kept_fraction=float(np.mean(value.kept)),
+            gradient={n: float(g) for n, g in zip(space.names, gradient, strict=True)},
+            lr=float(optimiser.param_groups[0]["lr"]),
+            wall_s=time.perf_counter() - start,
+        )
+        history.append(step)
+        if progress is not None:
+            progress(step)
+        theta.grad = gradient / gradient.norm().clamp(min=1e-300)
+        optimiser.step()
+        space.project(theta)
+        iterates.append(theta.detach().clone())
+        schedule.step()
+        moved = float((theta.detach() - before).abs().max())
+        still = still + 1 if moved < config.tolerance else 0
+        if iteration + 1 >= config.min_iterations and still >= config.patience:
+            converged = True
+            break
+    averaged = torch.stack(iterates[-config.average_last :]).mean(0)
+    with torch.no_grad():
+        averaged_loss = _objective(loss_fn, space, averaged)
+    best = min(history, key=lambda s: s.unfiltered_loss + s.prior / max(loss_fn.units, 1))
+    final = averaged
+    if best.unfiltered_loss + best.prior / max(loss_fn.units, 1) < averaged_loss:
+        final = torch.tensor([space.theta_of(n, best.values[n]) for n in space.names], dtype=torch.float64)
+    return Identification(
+        values={n: float(v) for n, v in space.values(final).items()},
+        params=space.params(final),
+        history=history,
+        converged=converged,
+        wall_s=time.perf_counter() - start,
+    )
+
+
+def _objective(loss_fn: TrajectoryLoss, space: ParameterSpace, theta: torch.Tensor) -> float:
+    """Unfiltered loss plus the prior (per unit) at ``theta``."""
+    value = loss_fn(_expanded(space, theta, loss_fn.units))
+    return value.unfiltered + float(space.prior_penalty(theta)) / max(loss_fn.units, 1)
+
+
+def _expanded(space: ParameterSpace, theta: torch.Tensor, units: int) -> Params:
+    base = space.params(theta)
+    return Params(**{n: v.expand(units) for n, v in base.as_dict().items()})
+
+
+def unit_gradients(
+    loss_fn: TrajectoryLoss, space: ParameterSpace, theta: torch.Tensor
+) -> tuple[LossValue, torch.Tensor]:
+    """The loss at ``theta`` and each unit's gradient with respect to ``theta``, (units, P)."""
+    values = space.values(theta)
+    dtype = space.start.motor_speed.dtype
+    leaves = {n: v.detach().to(dtype).expand(loss_fn.units).clone().requires_grad_(True) for n, v in values.items()}
+    base = {n: v.expand(loss_fn.units) for n, v in space.start.as_dict().items()}
+    value = loss_fn(Params(**{**base, **leaves}))
+    grads = torch.autograd.grad(value.loss, list(leaves.values()), allow_unused=True)
+    chain = torch.stack([torch.autograd.grad(values[n], theta, retain_graph=True)[0] for n in space.names])
+    per_unit = torch.stack([torch.zeros(loss_fn.units) if g is None else g.to(torch.float64) for g in grads], -1)
+    return value, per_unit @ chain
+
+
+def robust_sum(unit_gradients: torch.Tensor, clip: float) -> torch.Tensor:
+    """Sum of the units' gradients (U, P), each first scaled down to at most ``clip`` times the
+    median norm of the units that have a gradient."""
+    norms = unit_gradients.norm(dim=-1)
+    nonzero = norms[norms > 0]
+    if len(nonzero) == 0:
+        return unit_gradients.sum(0)
+    bound = clip * nonzero.median()
+    scale = torch.where(norms > bound, bound / norms.clamp(min=1e-300), torch.ones_like(norms))
+    return (unit_gradients * scale[:, None]).sum(0)
+
+
+def identify_staged(
+    loss_fn: TrajectoryLoss,
+    start: Params,
+    config: SysidConfig,
+    progress: Callable[[Step], None] | None = None,
+) -> Identification:
+    """:func:`identify` of ``config.parameters`` from ``start`` (one environment), preceded by a
+    warm-up that identifies ``config.warmup_parameters`` alone for ``config.warmup_iterations``.
+
+    Timing parameters (motor speed) decide which key frames are compared at all; while they
+    are far off, the contact parameters' gradients mostly answer the timing error (friction
+    drifts toward zero), so they are fitted first. The history holds both stages in order
+    (warm-up steps with the other parameters at their start values and zero gradient).
+    """
+    warmup = tuple(n for n in config.warmup_parameters if n in config.parameters)
+    history: list[Step] = []
+    began = time.perf_counter()
+    if warmup and config.warmup_iterations > 0 and set(warmup) != set(config.parameters):
+        first = identify(
+            loss_fn,
+            ParameterSpace(warmup, start, dict(config.scales), dict(config.priors)),
+            config.model_copy(update={"iterations": config.warmup_iterations}),
+            progress,
+        )
+        fixed = {n: float(getattr(start, n)[0]) for n in config.parameters}
+        history = [
+            replace(s, values={**fixed, **s.values}, gradient={**dict.fromkeys(fixed, 0.0), **s.gradient})
+            for s in first.history
+        ]
+        start = first.params
+    space = ParameterSpace(config.parameters, start, dict(config.scales), dict(config.priors))
+    result = identify(loss_fn, space, config, progress)
+    offset = len(history)
+    result.history = history + [replace(s, iteration=s.iteration + offset) for s in result.history]
+    result.wall_s = time.perf_counter() - began
+    return result

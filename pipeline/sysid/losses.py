@@ -1,0 +1,361 @@
+"""Trajectory losses for identification: the Key Frame Loss and seed 000's three alternatives.
+
+Every loss compares end-cap *displacements* from a window's start (engine from
+its settled start state, data from the tracked caps at the same instant), so an
+offset left by settling the observed start is not counted. Defects are weighted
+by the tracking noise: a loss of 1 means a typical end-cap defect of one
+``position_sigma_m``.
+
+* :class:`KeyFrameLoss` (ours, seed 000 Sec. IV-G): one window per gait, started
+  from the observation at the gait's start (so nothing flows between windows),
+  matched to the data gait by index; the defect at the key frame
+  (:func:`~pipeline.sysid.keyframes.key_frame_offsets`), then the mask filter.
+* :class:`SequenceLoss` ``last_step``: the whole policy from the first frame with
+  gradients through every gait; the defects at the data's gait ends.
+* :class:`SequenceLoss` ``all_step``: the same rollout, defects at every tracked frame.
+* :class:`MultipleShootingLoss`: ``n`` equal windows from the observations at
+  their starts, defects at the window ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from pipeline.config import RobotConfig, SysidConfig
+from pipeline.physics.engine import Engine
+from pipeline.physics.params import Params
+from pipeline.physics.rollout import Trace
+from pipeline.sysid.data import Gait, Recording
+from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
+from pipeline.sysid.windows import WindowStarts, expand_params, run_windows, window_starts
+
+
+@dataclass(frozen=True)
+class LossValue:
+    """A loss and what it saw: ``loss`` (scalar tensor), per-window weighted squared defects
+    ``defects`` (W,), end-cap errors ``cap_errors_m`` (W, 6) in m, which windows are scored at
+    all ``scored`` (W,) and which of those counted in ``loss`` after any filter ``kept`` (W,),
+    and the engine's and data's window durations (s) where the loss has them."""
+
+    loss: torch.Tensor
+    defects: np.ndarray
+    cap_errors_m: np.ndarray
+    scored: np.ndarray
+    kept: np.ndarray
+    engine_durations_s: np.ndarray | None = None
+    data_durations_s: np.ndarray | None = None
+
+    @property
+    def unfiltered(self) -> float:
+        """Mean weighted defect over every scored window (no filter): comparable across parameters."""
+        return float(self.defects[self.scored].mean())
+
+
+class TrajectoryLoss(Protocol):
+    """A loss over recorded trajectories. It is called with parameters of ``units`` environments
+    ((units,) tensors, usually all equal): one per key frame (KFL) or window, so that each unit's
+    gradient can be read and weighed on its own."""
+
+    name: str
+    units: int
+
+    def __call__(self, params: Params) -> LossValue: ...
+
+
+def _weighted_defects(
+    engine_disp: torch.Tensor, data_disp: np.ndarray, sigma_m: float
+) -> tuple[torch.Tensor, np.ndarray]:
+    """Mean squared end-cap defect per window (W,) in units of sigma^2, and the end-cap errors
+    (W, 6) in m (mean over any middle axis); inputs (W, ..., 6, 3)."""
+    data = torch.as_tensor(data_disp, dtype=engine_disp.dtype)
+    squared = ((engine_disp - data) ** 2).sum(-1)
+    errors = squared.detach().sqrt().reshape(squared.shape[0], -1, 6).mean(1).numpy()
+    return (squared / sigma_m**2).reshape(squared.shape[0], -1).mean(-1), errors
+
+
+def _tick_index(offsets_s: np.ndarray, tick_s: float, n_ticks: int) -> np.ndarray:
+    return np.clip(np.round(np.asarray(offsets_s) / tick_s).astype(int), 0, n_ticks - 1)
+
+
+class KeyFrameLoss:
+    """KFL over ``gaits`` of ``recordings`` (by name).
+
+    The gaits are run in chunks of consecutive gaits (about ``config.chunk_s`` of data each,
+    cut where the data is slowest), every chunk one environment of a batch, started from the
+    observation (settled once with ``params0``). Inside a chunk the engine carries its own state
+    from gait to gait, as the robot does, but the gradient is detached at every gait change: each
+    key frame's gradient comes from its own gait only. A settled start has no velocity, which the
+    robot mid-way through a trajectory has; so the first gait of a chunk that does not start the
+    recording is a lead-in: run, but not scored.
+    """
+
+    name = "kfl"
+
+    def __init__(
+        self,
+        engine: Engine,
+        robot: RobotConfig,
+        recordings: dict[str, Recording],
+        gaits: list[Gait],
+        params0: Params,
+        config: SysidConfig,
+    ) -> None:
+        if not gaits:
+            raise ValueError("the Key Frame Loss needs at least one gait")
+        self.engine, self.robot, self.config, self.recordings = engine, robot, config, recordings
+        self.tick_s = 1.0 / robot.pid.control_rate_hz
+        self.chunks = plan_chunks(recordings, gaits, config.chunk_s)
+        self.gaits = [g for chunk in self.chunks for g in chunk]
+        starts = [(recordings[chunk[0].recording], chunk[0].start_s) for chunk in self.chunks]
+        self.starts = window_starts(engine, params0, robot, starts, config.settle_s)
+        n = max(len(c) for c in self.chunks)
+        self.targets = torch.tensor(np.stack([_padded([g.target for g in c], n) for c in self.chunks]))
+        durations = [[g.duration_s for g in c] for c in self.chunks]
+        self.timeout = np.stack([_padded(config.duration_cap * np.array(d) + self.tick_s, n) for d in durations])
+        self.data_durations = np.array([g.duration_s for g in self.gaits])
+        self.scored = np.array(
+            [
+                j > 0 or chunk[0] is _first_of(gaits, chunk[0].recording)
+                for chunk in self.chunks
+                for j in range(len(chunk))
+            ]
+        )
+        names = sorted({g.recording for g in gaits})
+        self.group = np.array([names.index(g.recording) for g in self.gaits])
+        self.units = len(self.gaits)
+        first = np.cumsum([0] + [len(c) for c in self.chunks])[:-1]
+        self.unit_index = torch.tensor(
+            [[first[c] + min(j, len(chunk) - 1) for j in range(n)] for c, chunk in enumerate(self.chunks)]
+        )
+
+    def __call__(self, params: Params) -> LossValue:
+        """``params``: one environment per gait (``units``), in chunk order."""
+        per_segment = Params(**{n: v[self.unit_index] for n, v in expand_params(params, self.units).as_dict().items()})
+        trace, _ = run_windows(
+            self.engine,
+            per_segment,
+            self.starts,
+            self.targets,
+            self.robot.pid,
+            self.timeout,
+            self.robot.pid.latency_s,
+            detach_between_segments=True,
+        )
+        segment = trace.segment.numpy()
+        finished = trace.finished.numpy()
+        rows, start_ticks, end_ticks = [], [], []
+        for c, chunk in enumerate(self.chunks):
+            for j in range(len(chunk)):
+                later = np.flatnonzero((segment[c] > j) | finished[c])
+                start_ticks.append(int(np.argmax(segment[c] >= j)))
+                end_ticks.append(int(later[0]) if len(later) else segment.shape[1] - 1)
+                rows.append(c)
+        start_ticks, end_ticks = np.array(start_ticks), np.array(end_ticks)
+        engine_durations = (end_ticks - start_ticks) * self.tick_s
+        offsets = key_frame_offsets(engine_durations, self.data_durations)
+        key_ticks = np.minimum(start_ticks + np.round(offsets / self.tick_s).astype(int), trace.caps_m.shape[1] - 1)
+        rows_t = torch.as_tensor(rows)
+        key_caps = trace.caps_m[rows_t, torch.as_tensor(key_ticks)]
+        engine_disp = key_caps - trace.caps_m[rows_t, torch.as_tensor(start_ticks)].detach()
+        data_disp = np.stack(
+            [
+                np.diff(self.recordings[g.recording].caps_at(np.array([g.start_s, g.start_s + o])), axis=0)[0]
+                for g, o in zip(self.gaits, offsets, strict=True)
+            ]
+        )
+        defects, errors = _weighted_defects(engine_disp, data_disp, self.config.position_sigma_m)
+        kept = self.scored.copy()
+        if self.config.mask_filter:
+            for group in np.unique(self.group):
+                own = (self.group == group) & self.scored
+                kept[own] = mask_filter(engine_durations[own], self.data_durations[own], self.tick_s)
+        loss = defects[torch.as_tensor(kept)].mean()
+        return LossValue(
+            loss, defects.detach().numpy(), errors, self.scored, kept, engine_durations, self.data_durations
+        )
+
+
+def plan_chunks(recordings: dict[str, Recording], gaits: list[Gait], chunk_s: float) -> list[list[Gait]]:
+    """Consecutive gaits of each recording grouped into chunks of about ``chunk_s`` (s) of data.
+
+    A chunk is closed at the gait boundary, among those after 60-100 % of ``chunk_s``,
+    where the tracked end caps move slowest, so the next chunk starts close to rest.
+    """
+    chunks: list[list[Gait]] = []
+    for name in sorted({g.recording for g in gaits}):
+        own = [g for g in gaits if g.recording == name]
+        recording = recordings[name]
+        first = 0
+        while first < len(own):
+            elapsed = np.cumsum([g.duration_s for g in own[first:]])
+            candidates = np.flatnonzero((elapsed >= 0.6 * chunk_s) & (elapsed <= chunk_s))
+            if elapsed[-1] <= chunk_s:
+                cut = len(elapsed)
+            elif len(candidates) == 0:
+                cut = max(1, int(np.searchsorted(elapsed, chunk_s)))
+            else:
+                speeds = [_cap_speed(recording, own[first + k].end_s) for k in candidates]
+                cut = int(candidates[int(np.argmin(speeds))]) + 1
+            chunks.append(own[first : first + cut])
+            first += cut
+    return chunks
+
+
+def _first_of(gaits: list[Gait], recording: str) -> Gait:
+    return next(g for g in gaits if g.recording == recording)
+
+
+def _cap_speed(recording: Recording, time_s: float, half_window_s: float = 0.1) -> float:
+    """Mean end-cap speed (m/s) of the tracked data around ``time_s``."""
+    caps = recording.caps_at(np.array([time_s - half_window_s, time_s + half_window_s]))
+    return float(np.linalg.norm(caps[1] - caps[0], axis=-1).mean() / (2 * half_window_s))
+
+
+class _PolicyRollouts:
+    """What the sequence and multiple-shooting losses share: each window runs its policy from an
+    observed start (``starts``, ``targets``, ``segment_timeout_s``) for a fixed span."""
+
+    engine: Engine
+    robot: RobotConfig
+    starts: WindowStarts
+    targets: torch.Tensor
+    segment_timeout_s: np.ndarray
+
+    def _rollout(self, params: Params, span_s: float) -> Trace:
+        trace, _ = run_windows(
+            self.engine,
+            params,
+            self.starts,
+            self.targets,
+            self.robot.pid,
+            self.segment_timeout_s,
+            self.robot.pid.latency_s,
+            hold_s=span_s,
+            max_time_s=span_s,
+        )
+        return trace
+
+
+def _every_window(defects: torch.Tensor, errors: np.ndarray) -> LossValue:
+    """A loss value that scores and keeps every window."""
+    everything = np.ones(len(defects), dtype=bool)
+    return LossValue(defects.mean(), defects.detach().numpy(), errors, everything, everything)
+
+
+class SequenceLoss(_PolicyRollouts):
+    """``last_step`` or ``all_step``: one rollout per recording of all its gaits from the first
+    gait's start, gradients through the whole rollout."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        robot: RobotConfig,
+        recordings: dict[str, Recording],
+        gaits: list[Gait],
+        params0: Params,
+        config: SysidConfig,
+        segment_timeout_s: float,
+        mode: str,
+    ) -> None:
+        if mode not in ("last_step", "all_step"):
+            raise ValueError(f"mode must be 'last_step' or 'all_step', got {mode!r}")
+        self.name = mode
+        self.engine, self.robot, self.config = engine, robot, config
+        self.names = sorted({g.recording for g in gaits})
+        by_name = {n: [g for g in gaits if g.recording == n] for n in self.names}
+        firsts = [(recordings[n], by_name[n][0].start_s) for n in self.names]
+        self.starts: WindowStarts = window_starts(engine, params0, robot, firsts, config.settle_s)
+        n_targets = max(len(v) for v in by_name.values())
+        self.targets = torch.tensor(np.stack([_padded([g.target for g in by_name[n]], n_targets) for n in self.names]))
+        self.segment_timeout_s = np.full(len(self.names), segment_timeout_s)
+        self.units = len(self.names)
+        self.samples: list[tuple[np.ndarray, np.ndarray]] = []
+        for n, (recording, t0) in zip(self.names, firsts, strict=True):
+            end = by_name[n][-1].end_s
+            if mode == "last_step":
+                times = np.array([g.end_s for g in by_name[n]])
+            else:
+                times = recording.caps_t_s[(recording.caps_t_s > t0) & (recording.caps_t_s <= end)]
+            self.samples.append((times - t0, recording.caps_at(times) - recording.caps_at(np.array([t0]))))
+        self.span_s = max(float(s[0][-1]) for s in self.samples)
+
+    def __call__(self, params: Params) -> LossValue:
+        trace = self._rollout(params, self.span_s)
+        defects, errors = [], []
+        for r, (offsets, data_disp) in enumerate(self.samples):
+            caps = trace.caps_at(torch.as_tensor(offsets))[r] - self.starts.caps_m[r]
+            defect, error = _weighted_defects(caps[None], data_disp[None], self.config.position_sigma_m)
+            defects.append(defect[0])
+            errors.append(error[0])
+        return _every_window(torch.stack(defects), np.stack(errors))
+
+
+class MultipleShootingLoss(_PolicyRollouts):
+    """``n_windows`` equal windows per recording, each from the observation at its start,
+    continuing the policy from the target being executed there; defects at the window ends."""
+
+    name = "multiple_shooting"
+
+    def __init__(
+        self,
+        engine: Engine,
+        robot: RobotConfig,
+        recordings: dict[str, Recording],
+        gaits: list[Gait],
+        params0: Params,
+        config: SysidConfig,
+        segment_timeout_s: float,
+    ) -> None:
+        self.engine, self.robot, self.config = engine, robot, config
+        self.tick_s = 1.0 / robot.pid.control_rate_hz
+        n = config.shooting_windows
+        starts, targets, ends = [], [], []
+        for name in sorted({g.recording for g in gaits}):
+            own = [g for g in gaits if g.recording == name]
+            t0, t1 = own[0].start_s, own[-1].end_s
+            self.length_s = (t1 - t0) / n
+            for j in range(n):
+                start = t0 + j * self.length_s
+                current = max(k for k, g in enumerate(own) if g.start_s <= start + 1e-9)
+                starts.append((recordings[name], start))
+                targets.append([g.target for g in own[current:]])
+                ends.append(recordings[name].caps_at(np.array([start + self.length_s]))[0])
+        self.starts = window_starts(engine, params0, robot, starts, config.settle_s)
+        n_targets = max(len(t) for t in targets)
+        self.targets = torch.tensor(np.stack([_padded(t, n_targets) for t in targets]))
+        self.data_disp = np.stack(ends) - self.starts.data_caps_m
+        self.segment_timeout_s = np.full(len(starts), segment_timeout_s)
+        self.units = len(starts)
+
+    def __call__(self, params: Params) -> LossValue:
+        trace = self._rollout(params, self.length_s)
+        tick = int(_tick_index(np.array([self.length_s]), self.tick_s, trace.caps_m.shape[1])[0])
+        engine_disp = trace.caps_m[:, tick] - self.starts.caps_m
+        return _every_window(*_weighted_defects(engine_disp, self.data_disp, self.config.position_sigma_m))
+
+
+def _padded(targets: list[np.ndarray], n: int) -> np.ndarray:
+    """``targets`` (S, 6) padded to (n, 6) by repeating the last one (reached at once: a hold)."""
+    rows = list(targets) + [targets[-1]] * (n - len(targets))
+    return np.stack(rows)
+
+
+def make_loss(
+    engine: Engine,
+    robot: RobotConfig,
+    recordings: dict[str, Recording],
+    gaits: list[Gait],
+    params0: Params,
+    config: SysidConfig,
+    segment_timeout_s: float,
+) -> TrajectoryLoss:
+    """The loss ``config.loss`` names."""
+    if config.loss == "kfl":
+        return KeyFrameLoss(engine, robot, recordings, gaits, params0, config)
+    if config.loss == "multiple_shooting":
+        return MultipleShootingLoss(engine, robot, recordings, gaits, params0, config, segment_timeout_s)
+    return SequenceLoss(engine, robot, recordings, gaits, params0, config, segment_timeout_s, config.loss)

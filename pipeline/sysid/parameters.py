@@ -1,0 +1,111 @@
+"""The optimiser's view of the engine parameters: scaled coordinates, bounds and priors.
+
+Each identified parameter ``p`` gets one coordinate ``theta`` of order one:
+
+* ``linear``: ``theta = (p - p0) / scale`` (motor speed, friction, restitution, time constant,
+  cubic stiffness, rest length);
+* ``log``: ``theta = ln(p / p0) / scale`` (stiffnesses and dampings: a change by a factor).
+
+so one Adam learning rate suits all of them. After every step the coordinates are
+projected back inside the parameter's physical bounds (:data:`BOUNDS`, shrunk by a
+relative margin), so no parameter outside them is ever produced. An optional prior
+(seed 003) adds ``((p - value) / scale)^2`` per parameter to the loss.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pipeline.config import PriorConfig
+from pipeline.errors import ConfigError
+from pipeline.physics.params import BOUNDS, Params
+
+LOG_SCALED = {"actuated_stiffness", "actuated_damping", "passive_stiffness", "passive_damping"}
+DEFAULT_SCALES = {
+    "motor_speed": 1.0,
+    "motor_time_constant": 0.05,
+    "friction": 1.0,
+    "restitution": 1.0,
+    "actuated_stiffness": 1.0,
+    "actuated_damping": 1.0,
+    "passive_stiffness": 1.0,
+    "passive_cubic_stiffness": 100.0,
+    "passive_damping": 1.0,
+    "passive_rest_length": 0.02,
+}
+BOUND_MARGIN = 1e-3
+"""Projection keeps each parameter this fraction of its bound range inside the bounds."""
+
+
+class ParameterSpace:
+    """Coordinates ``theta`` (P,) for ``names`` around the starting parameters ``start`` (one env)."""
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        start: Params,
+        scales: dict[str, float] | None = None,
+        priors: dict[str, PriorConfig] | None = None,
+    ) -> None:
+        unknown = [n for n in names if n not in BOUNDS]
+        if unknown or len(set(names)) != len(names):
+            raise ConfigError(f"sysid.parameters: unknown or repeated names {names}; known: {sorted(BOUNDS)}")
+        if start.batch_size != 1:
+            raise ValueError("the starting parameters must be of one environment")
+        self.names = names
+        self.start = start.replace(**{k: v.detach() for k, v in start.as_dict().items()})
+        self.scales = {n: float((scales or {}).get(n, DEFAULT_SCALES[n])) for n in names}
+        self.priors = dict(priors or {})
+        self.p0 = {n: float(getattr(start, n)[0]) for n in names}
+        for n in names:
+            if n in LOG_SCALED and self.p0[n] <= 0:
+                raise ConfigError(f"sysid: '{n}' is optimised on a log scale and must start > 0, got {self.p0[n]}")
+        self._low = torch.tensor([self.theta_of(n, self._inner(n)[0]) for n in names], dtype=torch.float64)
+        self._high = torch.tensor([self.theta_of(n, self._inner(n)[1]) for n in names], dtype=torch.float64)
+
+    def _inner(self, name: str) -> tuple[float, float]:
+        lo, hi = BOUNDS[name]
+        margin = BOUND_MARGIN * (hi - lo)
+        return lo + margin, hi - margin
+
+    def theta_of(self, name: str, value: float) -> float:
+        """The coordinate of ``value`` (SI) of parameter ``name``."""
+        if name in LOG_SCALED:
+            return math.log(value / self.p0[name]) / self.scales[name]
+        return (value - self.p0[name]) / self.scales[name]
+
+    def initial(self) -> torch.Tensor:
+        """Coordinates of the start, projected inside the bounds (P,)."""
+        return self.project(torch.zeros(len(self.names), dtype=torch.float64))
+
+    def project(self, theta: torch.Tensor) -> torch.Tensor:
+        """``theta`` clamped into the bounds (same tensor, modified in place, returned)."""
+        with torch.no_grad():
+            theta.copy_(torch.maximum(torch.minimum(theta, self._high), self._low))
+        return theta
+
+    def values(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Parameter values (0-d tensors, differentiable in ``theta``) by name."""
+        out = {}
+        for i, n in enumerate(self.names):
+            if n in LOG_SCALED:
+                out[n] = self.p0[n] * torch.exp(theta[i] * self.scales[n])
+            else:
+                out[n] = self.p0[n] + theta[i] * self.scales[n]
+        return out
+
+    def params(self, theta: torch.Tensor) -> Params:
+        """One environment's engine parameters: the start with the identified ones replaced."""
+        dtype = self.start.motor_speed.dtype
+        return self.start.replace(**{n: v.to(dtype).reshape(1) for n, v in self.values(theta).items()})
+
+    def prior_penalty(self, theta: torch.Tensor) -> torch.Tensor:
+        """Sum over parameters with a prior of ((p - value) / scale)^2 (0 without priors)."""
+        values = self.values(theta)
+        penalty = torch.zeros((), dtype=torch.float64)
+        for name, prior in self.priors.items():
+            if name in values:
+                penalty = penalty + ((values[name] - prior.value) / prior.scale) ** 2
+        return penalty

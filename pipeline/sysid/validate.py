@@ -1,0 +1,121 @@
+"""Replay of an engine on held-out gaits, scored part by part (seed 003: inspect every part).
+
+Two replays of the same held-out gaits of a recording:
+
+* key frames: the gaits run as in the Key Frame Loss (chunks from observations,
+  own timing, no mask filter); the end-cap displacement error at every key frame;
+* open loop: all held-out gaits in one rollout from the observation at the first
+  one's start, as a policy would be executed; at the end (each execution at the end
+  of its own last gait) the centre-of-mass error (m and % of rod length), the heading
+  error (deg) and each rod's centre error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipeline.config import RobotConfig, SysidConfig
+from pipeline.physics.engine import Engine
+from pipeline.physics.params import Params
+from pipeline.robot_model import heading_rad
+from pipeline.sysid.data import Gait, Recording
+from pipeline.sysid.losses import KeyFrameLoss
+from pipeline.sysid.windows import run_windows, window_starts
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Scores of one engine on one recording's held-out gaits (lengths in m, angles in deg).
+
+    ``key_frame_error_m`` mean end-cap error at the key frames; ``key_frame_error_per_rod_m``
+    (3,); ``final_com_error_m`` and ``final_com_error_pct`` (of the rod length);
+    ``final_heading_error_deg``; ``final_rod_error_m`` (3,) rod-centre errors; ``engine_caps_m``
+    (T, 6, 3) and ``data_caps_m`` (K, 6, 3) the two open-loop paths for plots.
+    """
+
+    recording: str
+    gaits: int
+    key_frame_error_m: float
+    key_frame_error_per_rod_m: np.ndarray
+    final_com_error_m: float
+    final_com_error_pct: float
+    final_heading_error_deg: float
+    final_rod_error_m: np.ndarray
+    engine_caps_m: np.ndarray
+    data_caps_m: np.ndarray
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """Flat figures for logging, every key starting with ``prefix``."""
+        out = {
+            f"{prefix}key_frame_error_mm": 1000 * self.key_frame_error_m,
+            f"{prefix}final_com_error_mm": 1000 * self.final_com_error_m,
+            f"{prefix}final_com_error_pct": self.final_com_error_pct,
+            f"{prefix}final_heading_error_deg": self.final_heading_error_deg,
+        }
+        for rod in range(3):
+            out[f"{prefix}key_frame_error_rod{rod}_mm"] = 1000 * float(self.key_frame_error_per_rod_m[rod])
+            out[f"{prefix}final_rod{rod}_error_mm"] = 1000 * float(self.final_rod_error_m[rod])
+        return out
+
+
+def replay(
+    engine: Engine,
+    params: Params,
+    robot: RobotConfig,
+    recording: Recording,
+    gaits: list[Gait],
+    config: SysidConfig,
+    segment_timeout_s: float,
+) -> Replay:
+    """Score ``params`` (one environment) on ``gaits`` (consecutive, of ``recording``)."""
+    if not gaits:
+        raise ValueError(f"recording '{recording.name}': no held-out gaits to replay")
+    keyframes = KeyFrameLoss(
+        engine, robot, {recording.name: recording}, gaits, params, config.model_copy(update={"mask_filter": False})
+    )
+    with torch.no_grad():
+        scored = keyframes(params)
+    cap_errors = scored.cap_errors_m[keyframes.scored]
+    rods = np.array(robot.topology.rods)
+    per_rod = np.array([cap_errors[:, list(pair)].mean() for pair in rods])
+
+    starts = window_starts(engine, params, robot, [(recording, gaits[0].start_s)], config.settle_s)
+    targets = torch.tensor(np.stack([g.target for g in gaits]))[None]
+    with torch.no_grad():
+        trace, finished_s = run_windows(
+            engine, params, starts, targets, robot.pid, np.array([segment_timeout_s]), robot.pid.latency_s
+        )
+    engine_caps = (trace.caps_m[0] - starts.caps_m[0]).numpy() + starts.data_caps_m[0]
+    engine_end = engine_caps[round(finished_s[0] * robot.pid.control_rate_hz)]
+    inside = (recording.caps_t_s >= gaits[0].start_s) & (recording.caps_t_s <= gaits[-1].end_s)
+    data_end = recording.caps_at(np.array([gaits[-1].end_s]))[0]
+    com_error = float(np.linalg.norm(engine_end.mean(0) - data_end.mean(0)))
+    heading = np.degrees(heading_rad(engine_end) - heading_rad(data_end))
+    rod_error = np.array([np.linalg.norm(engine_end[list(p)].mean(0) - data_end[list(p)].mean(0)) for p in rods])
+    return Replay(
+        recording=recording.name,
+        gaits=len(gaits),
+        key_frame_error_m=float(cap_errors.mean()),
+        key_frame_error_per_rod_m=per_rod,
+        final_com_error_m=com_error,
+        final_com_error_pct=100 * com_error / robot.rod.length_m,
+        final_heading_error_deg=float(abs((heading + 180.0) % 360.0 - 180.0)),
+        final_rod_error_m=rod_error,
+        engine_caps_m=engine_caps,
+        data_caps_m=recording.caps_m[inside],
+    )
+
+
+def split_holdout(gaits: list[Gait], fraction: float) -> tuple[list[Gait], list[Gait]]:
+    """(fit, held out): the last ``fraction`` of each recording's gaits (at least one) are held out
+    when ``fraction`` > 0; each part keeps at least one gait."""
+    fit, held = [], []
+    for name in dict.fromkeys(g.recording for g in gaits):
+        own = [g for g in gaits if g.recording == name]
+        n_held = 0 if fraction <= 0 else min(len(own) - 1, max(1, round(fraction * len(own))))
+        fit += own[: len(own) - n_held]
+        held += own[len(own) - n_held :]
+    return fit, held

@@ -1,0 +1,276 @@
+"""The ``sysid`` stage: identify the engine's parameters from tracked trajectories (DESIGN §1.4).
+
+:func:`run_sysid` reads every recording of the collect stage (sensor stream:
+targets, commands, cable lengths) with its tracked end caps (track stage), builds
+the engine on the robot config with the attachment overlay (attach stage), splits
+the recordings into gaits, holds out the last ``sysid.holdout_fraction`` of each,
+identifies ``sysid.parameters`` with the configured loss (KFL by default) and
+replays the engine before (the robot config's values) and after on the held-out
+gaits. It writes ``identified.yaml`` (a robot-config overlay with the identified
+values), ``history.parquet`` (loss, values and gradients per step),
+``validation.json`` and plots. It never reads the twin's hidden configuration;
+the Prefect task scores the identified values against it, for evaluation only,
+when the hardware is the twin.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import yaml
+from prefect import task
+from prefect.context import TaskRunContext
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipeline.config import LoadedConfigs, RobotConfig, robot_with_overlay
+from pipeline.errors import DataError
+from pipeline.physics import Engine, Params, RobotModel
+from pipeline.physics.params import robot_overlay
+from pipeline.physics.truth import twin_true_params
+from pipeline.plots import replay_paths, sysid_history
+from pipeline.sysid.data import Recording, split_gaits
+from pipeline.sysid.identify import Identification, Step, identify_staged
+from pipeline.sysid.latency import best_latency
+from pipeline.sysid.losses import make_loss
+from pipeline.sysid.validate import Replay, replay, split_holdout
+from storage.files import atomic_write_bytes, atomic_write_json
+from storage.layout import Ref, RunLayout, write_manifest
+from storage.recording import HARDWARE_FILE
+from storage.tables import write_table
+from storage.tracking import client_for
+from storage.trajectory import CABLE_COLS, CONTROL_COLS, TARGET_COLS, caps_array, read_trajectory
+from tasks.attach import OVERLAY_FILE as ATTACH_OVERLAY
+from tasks.caching import stage_cache_key
+from tasks.track import TRACKED_FILE, recording_folders
+
+STAGE = "sysid"
+STAGE_VERSION = "1"
+OVERLAY_FILE = "identified.yaml"
+HISTORY_FILE = "history.parquet"
+
+
+def load_recordings(collect_ref: Ref, track_ref: Ref) -> dict[str, Recording]:
+    """Every recording of the collect stage with its tracked end caps, by policy id."""
+    recordings = {}
+    for folder in recording_folders(collect_ref):
+        sensors, meta = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
+        tracked, _ = read_trajectory(Path(track_ref.path) / folder.name / TRACKED_FILE, expect_source="tracked")
+        sensors = sensors[np.isfinite(sensors[CABLE_COLS].to_numpy()).all(axis=1)]
+        recordings[folder.name] = Recording(
+            name=folder.name,
+            t_s=sensors["t"].to_numpy(),
+            segment=sensors["segment"].to_numpy(),
+            targets=sensors[TARGET_COLS].to_numpy(),
+            control=sensors[CONTROL_COLS].to_numpy() if meta.control_recorded else None,
+            cables_m=sensors[CABLE_COLS].to_numpy(),
+            caps_t_s=tracked["t"].to_numpy(),
+            caps_m=caps_array(tracked),
+        )
+    return recordings
+
+
+def sysid_robot(configs: LoadedConfigs, attach_ref: Ref) -> RobotConfig:
+    """The robot config with the attach stage's overlay."""
+    path = Path(attach_ref.path) / ATTACH_OVERLAY
+    return robot_with_overlay(configs.robot, yaml.safe_load(path.read_text()), path)
+
+
+def run_sysid(
+    configs: LoadedConfigs,
+    iteration: int,
+    collect_ref: Ref,
+    track_ref: Ref,
+    attach_ref: Ref,
+    show_progress: bool = True,
+) -> tuple[Ref, dict[str, object], Identification]:
+    """Identify, validate and write the stage output. Returns the ref, the summary and the result."""
+    config = configs.pipeline.sysid
+    timeout_s = configs.pipeline.collect.segment_timeout_s
+    robot = sysid_robot(configs, attach_ref)
+    recordings = load_recordings(collect_ref, track_ref)
+    gaits = [g for r in recordings.values() for g in split_gaits(r, robot, timeout_s)]
+    if config.monotonic_only:
+        gaits = [g for g in gaits if g.monotonic]
+    fit, held = split_holdout(gaits, config.holdout_fraction)
+    if not fit:
+        raise DataError(f"{collect_ref.path}: no gait to identify from")
+    start = Params.from_robot(robot)
+    configured = robot
+    latency_scores: dict[float, float] = {}
+    if config.latency_grid_s:
+
+        def build(latency_s: float):
+            candidate = with_latency(robot, latency_s)
+            engine = Engine(RobotModel.from_robot(candidate), dt=config.dt_s)
+            return make_loss(engine, candidate, recordings, fit, start, config, timeout_s)
+
+        latency, latency_scores = best_latency(build, start, config.latency_grid_s)
+        robot = with_latency(robot, latency)
+    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s)
+    loss = make_loss(engine, robot, recordings, fit, start, config, timeout_s)
+    with Progress(
+        TextColumn(f"sysid ({config.loss})"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} steps  loss {task.fields[loss]:.3g}"),
+        TimeElapsedColumn(),
+        disable=not show_progress,
+    ) as bar:
+        total = config.iterations + (config.warmup_iterations if config.warmup_parameters else 0)
+        job = bar.add_task("sysid", total=total, loss=math.nan)
+        result = identify_staged(loss, start, config, progress=lambda s: bar.update(job, advance=1, loss=s.loss))
+
+    replays: dict[str, dict[str, Replay]] = {}
+    for name in dict.fromkeys(g.recording for g in held):
+        own = [g for g in held if g.recording == name]
+        before_engine = Engine(RobotModel.from_robot(configured), dt=config.dt_s)
+        replays[name] = {
+            "before": replay(before_engine, start, configured, recordings[name], own, config, timeout_s),
+            "after": replay(engine, result.params, robot, recordings[name], own, config, timeout_s),
+        }
+
+    stage_dir = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign).stage_dir(iteration, STAGE)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    overlay = robot_overlay(result.values)
+    if config.latency_grid_s:
+        overlay["pid"] = {"latency_s": robot.pid.latency_s}
+    robot_with_overlay(robot, overlay, stage_dir / OVERLAY_FILE)
+    atomic_write_bytes(stage_dir / OVERLAY_FILE, yaml.safe_dump(overlay, sort_keys=False).encode())
+    write_table(stage_dir / HISTORY_FILE, history_table(result.history), {"loss": config.loss, "stage": STAGE})
+    validation = {name: {label: r.metrics("") for label, r in pair.items()} for name, pair in replays.items()}
+    atomic_write_json(stage_dir / "validation.json", validation)
+    _write_plots(stage_dir, result, replays)
+    summary = _summary(config.loss, start, result, gaits, fit, held, replays)
+    summary["latency_s"] = robot.pid.latency_s
+    summary.update({f"latency_loss.{1000 * k:.0f}ms": v for k, v in latency_scores.items()})
+    return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary, result
+
+
+def with_latency(robot: RobotConfig, latency_s: float) -> RobotConfig:
+    """``robot`` with its control latency set to ``latency_s`` (s)."""
+    return robot.model_copy(update={"pid": robot.pid.model_copy(update={"latency_s": latency_s})})
+
+
+def history_table(history: list[Step]) -> pa.Table:
+    """One row per optimiser step: loss, prior, kept fraction, lr, wall time, values and gradients."""
+    columns: dict[str, list[float]] = {
+        "iteration": [s.iteration for s in history],
+        "loss": [s.loss for s in history],
+        "unfiltered_loss": [s.unfiltered_loss for s in history],
+        "prior": [s.prior for s in history],
+        "kept_fraction": [s.kept_fraction for s in history],
+        "lr": [s.lr for s in history],
+        "wall_s": [s.wall_s for s in history],
+    }
+    for name in history[0].values:
+        columns[f"value_{name}"] = [s.values[name] for s in history]
+        columns[f"gradient_{name}"] = [s.gradient[name] for s in history]
+    return pa.table(columns)
+
+
+def _write_plots(stage_dir: Path, result: Identification, replays: dict[str, dict[str, Replay]]) -> None:
+    steps = np.array([s.iteration for s in result.history])
+    values = {n: np.array([s.values[n] for s in result.history]) for n in result.values}
+    loss = np.array([s.loss for s in result.history])
+    atomic_write_bytes(stage_dir / "plots" / "parameters.png", sysid_history(steps, values, loss, "sysid"))
+    for name, pair in replays.items():
+        engines = {f"engine {label}": r.engine_caps_m for label, r in pair.items()}
+        image = replay_paths(pair["after"].data_caps_m, engines, f"held-out replay: {name}")
+        atomic_write_bytes(stage_dir / "plots" / f"replay_{name}.png", image)
+
+
+def _summary(
+    loss: str,
+    start: Params,
+    result: Identification,
+    gaits: list,
+    fit: list,
+    held: list,
+    replays: dict[str, dict[str, Replay]],
+) -> dict[str, object]:
+    summary: dict[str, object] = {
+        "loss": loss,
+        "iterations": result.iterations,
+        "converged": result.converged,
+        "wall_s": result.wall_s,
+        "gaits": len(gaits),
+        "gaits_fit": len(fit),
+        "gaits_held_out": len(held),
+        "final_loss": result.history[-1].loss,
+    }
+    for name, value in result.values.items():
+        summary[f"value.{name}"] = value
+        summary[f"start.{name}"] = float(getattr(start, name)[0])
+    for label in ("before", "after"):
+        figures = [r[label].metrics("") for r in replays.values()]
+        for key in figures[0] if figures else []:
+            summary[f"holdout.{label}.{key}"] = float(np.mean([f[key] for f in figures]))
+    if replays:
+        before = summary["holdout.before.key_frame_error_mm"]
+        after = summary["holdout.after.key_frame_error_mm"]
+        summary["holdout.key_frame_error_reduction_pct"] = 100.0 * (1.0 - after / before) if before > 0 else 0.0
+    return summary
+
+
+def truth_errors(configs: LoadedConfigs, values: dict[str, float]) -> dict[str, float]:
+    """Evaluation only (the twin): each identified value's error against the twin's hidden truth,
+    absolute (SI) and relative (%), where the engine parameter has a twin counterpart."""
+    truth = twin_true_params(configs.robot, configs.twin)
+    out = {}
+    for name, value in values.items():
+        true = float(getattr(truth, name)[0])
+        out[f"truth_error.{name}"] = value - true
+        if true != 0:
+            out[f"truth_error_pct.{name}"] = 100.0 * (value - true) / abs(true)
+        out[f"truth.{name}"] = true
+    return out
+
+
+def _cache_key(context: TaskRunContext, parameters: dict) -> str:
+    inputs = {k: parameters[f"{k}_ref"] for k in ("collect", "track", "attach")}
+    return stage_cache_key(STAGE, STAGE_VERSION, parameters["configs"], parameters["iteration"], inputs)
+
+
+@task(name=STAGE, cache_key_fn=_cache_key, persist_result=True, result_serializer="json")
+def sysid(
+    configs: LoadedConfigs,
+    iteration: int,
+    mlflow_run_id: str,
+    collect_ref: dict[str, str],
+    track_ref: dict[str, str],
+    attach_ref: dict[str, str],
+) -> dict[str, str]:
+    """Prefect task: run :func:`run_sysid`; log values, loss curves, held-out figures, plots and
+    (on the twin) errors against the hidden truth to MLflow; return the ref as JSON."""
+    ref, summary, result = run_sysid(
+        configs, iteration, Ref.from_json(collect_ref), Ref.from_json(track_ref), Ref.from_json(attach_ref)
+    )
+    client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
+    params = {f"{STAGE}.identified.{n}": f"{v:.6g}" for n, v in result.values.items()}
+    existing = client.get_run(mlflow_run_id).data.params
+    for key, value in params.items():
+        if key not in existing:
+            client.log_param(mlflow_run_id, key, value)
+    for step in result.history:
+        client.log_metric(mlflow_run_id, f"{STAGE}.loss", step.loss, step=step.iteration)
+        for name, value in step.values.items():
+            client.log_metric(mlflow_run_id, f"{STAGE}.step.{name}", value, step=step.iteration)
+    for key, value in summary.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            client.log_metric(mlflow_run_id, f"{STAGE}.{key}", float(value), step=iteration)
+    if configs.pipeline.hardware_backend == "twin":
+        for key, value in truth_errors(configs, result.values).items():
+            client.log_metric(mlflow_run_id, f"{STAGE}.{key}", value, step=iteration)
+    for path in sorted((Path(ref.path) / "plots").glob("*.png")):
+        client.log_artifact(mlflow_run_id, str(path), artifact_path=STAGE)
+    for name in (OVERLAY_FILE, HISTORY_FILE, "validation.json"):
+        client.log_artifact(mlflow_run_id, str(Path(ref.path) / name), artifact_path=STAGE)
+    return ref.to_json()
+
+
+def identified_robot(configs: LoadedConfigs, attach_ref: Ref, sysid_ref: Ref) -> RobotConfig:
+    """The robot config with the attach and sysid overlays: the identified engine's robot."""
+    path = Path(sysid_ref.path) / OVERLAY_FILE
+    return robot_with_overlay(sysid_robot(configs, attach_ref), yaml.safe_load(path.read_text()), path)
