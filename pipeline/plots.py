@@ -22,6 +22,17 @@ def _png(fig: plt.Figure) -> bytes:
     return buffer.getvalue()
 
 
+def _top_view_png(fig: plt.Figure, ax: plt.Axes, title: str, legend_size: int) -> bytes:
+    """Label a top view (x, y in m, equal aspect, grid, legend) and return its PNG bytes."""
+    ax.set_xlabel("x (m)")
+    ax.set_ylabel("y (m)")
+    ax.set_title(title)
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=legend_size, loc="best")
+    return _png(fig)
+
+
 def top_view_paths(caps_m: np.ndarray, title: str) -> bytes:
     """Plot end-cap paths seen from above.
 
@@ -38,13 +49,7 @@ def top_view_paths(caps_m: np.ndarray, title: str) -> bytes:
         ax.plot(*xy[-1], "s", color=colour, ms=5)
     centre = caps_m.mean(axis=1)
     ax.plot(centre[:, 0], centre[:, 1], color="k", lw=2, label="centroid")
-    ax.set_xlabel("x (m)")
-    ax.set_ylabel("y (m)")
-    ax.set_title(title)
-    ax.set_aspect("equal", adjustable="datalim")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    return _png(fig)
+    return _top_view_png(fig, ax, title, legend_size=7)
 
 
 def error_over_time(t_s: np.ndarray, error_mm: np.ndarray, confidence: np.ndarray, title: str) -> bytes:
@@ -114,10 +119,4 @@ def replay_paths(data_caps_m: np.ndarray, engines: dict[str, np.ndarray], title:
         ax.plot(centre[:, 0], centre[:, 1], color=colour, lw=2 if label == "data" else 1.5, label=label)
         ax.plot(*centre[0, :2], "o", color=colour, ms=5)
         ax.plot(*centre[-1, :2], "s", color=colour, ms=6)
-    ax.set_xlabel("x (m)")
-    ax.set_ylabel("y (m)")
-    ax.set_title(title)
-    ax.set_aspect("equal", adjustable="datalim")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    return _png(fig)
+    return _top_view_png(fig, ax, title, legend_size=8)
