@@ -155,6 +155,10 @@ def test_robust_sum_bounds_an_exploding_key_frame() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (issue 5): measured KFL 0.4895 (2.1 %, the bound is 2 %) after 40 steps; 19 min on 2 cores",
+)
 def test_motor_speed_experiment_kfl_converges_smoother_than_last_step(engine, slow_motor_data, default_configs) -> None:
     """Seed 000 Fig. 12: motor speed 0.5 from engine data, Adam lr 0.1 from the nominal 0.99.
     Smoothness measure: the total variation of the motor-speed path over the last half of the
