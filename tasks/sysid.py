@@ -268,9 +268,3 @@ def sysid(
     for name in (OVERLAY_FILE, HISTORY_FILE, "validation.json"):
         client.log_artifact(mlflow_run_id, str(Path(ref.path) / name), artifact_path=STAGE)
     return ref.to_json()
-
-
-def identified_robot(configs: LoadedConfigs, attach_ref: Ref, sysid_ref: Ref) -> RobotConfig:
-    """The robot config with the attach and sysid overlays: the identified engine's robot."""
-    path = Path(sysid_ref.path) / OVERLAY_FILE
-    return robot_with_overlay(sysid_robot(configs, attach_ref), yaml.safe_load(path.read_text()), path)

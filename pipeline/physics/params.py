@@ -105,22 +105,6 @@ class Params:
         ).validate()
 
 
-def robot_values(robot: RobotConfig) -> dict[str, float]:
-    """The engine parameters a robot config holds, by name (SI units, see :data:`UNITS`)."""
-    return {
-        "motor_speed": robot.motor.speed,
-        "motor_time_constant": robot.motor.time_constant_s,
-        "friction": robot.ground.friction,
-        "restitution": robot.ground.restitution,
-        "actuated_stiffness": robot.actuated_cable.stiffness_n_per_m,
-        "actuated_damping": robot.actuated_cable.damping_n_s_per_m,
-        "passive_stiffness": robot.passive_cable.stiffness_n_per_m,
-        "passive_cubic_stiffness": robot.passive_cable.cubic_stiffness_n_per_m3,
-        "passive_damping": robot.passive_cable.damping_n_s_per_m,
-        "passive_rest_length": robot.passive_cable.rest_length_m,
-    }
-
-
 ROBOT_FIELDS: dict[str, tuple[str, str]] = {
     "motor_speed": ("motor", "speed"),
     "motor_time_constant": ("motor", "time_constant_s"),
@@ -134,6 +118,11 @@ ROBOT_FIELDS: dict[str, tuple[str, str]] = {
     "passive_rest_length": ("passive_cable", "rest_length_m"),
 }
 """Where each engine parameter lives in the robot config (section, field): the sysid overlay's keys."""
+
+
+def robot_values(robot: RobotConfig) -> dict[str, float]:
+    """The engine parameters a robot config holds, by name (SI units, see :data:`UNITS`)."""
+    return {name: float(getattr(getattr(robot, section), field)) for name, (section, field) in ROBOT_FIELDS.items()}
 
 
 def robot_overlay(values: dict[str, float]) -> dict[str, dict[str, float]]:

@@ -41,6 +41,7 @@ from pipeline.config import SysidConfig
 from pipeline.physics.params import Params
 from pipeline.sysid.losses import LossValue, TrajectoryLoss
 from pipeline.sysid.parameters import ParameterSpace
+from pipeline.sysid.windows import expand_params
 
 
 @dataclass(frozen=True)
@@ -142,13 +143,8 @@ def identify(
 
 def _objective(loss_fn: TrajectoryLoss, space: ParameterSpace, theta: torch.Tensor) -> float:
     """Unfiltered loss plus the prior (per unit) at ``theta``."""
-    value = loss_fn(_expanded(space, theta, loss_fn.units))
+    value = loss_fn(expand_params(space.params(theta), loss_fn.units))
     return value.unfiltered + float(space.prior_penalty(theta)) / max(loss_fn.units, 1)
-
-
-def _expanded(space: ParameterSpace, theta: torch.Tensor, units: int) -> Params:
-    base = space.params(theta)
-    return Params(**{n: v.expand(units) for n, v in base.as_dict().items()})
 
 
 def unit_gradients(

@@ -25,6 +25,7 @@ from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
 from pipeline.physics.rollout import Trace, run_policy, settle, state_from_caps
 from pipeline.physics.rotations import quat_to_matrix
+from pipeline.physics.statics import equilibrium_rest_lengths
 from pipeline.robot_model import build_cables
 from pipeline.sysid.data import Recording
 
@@ -80,7 +81,7 @@ def window_starts(
     hold = torch.tensor(np.stack([rec.positions_at(robot, t) for rec, t in starts]), dtype=dtype)
     tight = robot.pid.model_copy(update={"tolerance": SETTLE_TOLERANCE})
     state = snap_to_ground(engine, state_from_caps(engine, params, fused))
-    state = state_from_caps(engine, params, engine.cap_positions(state))
+    state = state.replace(rest_length=equilibrium_rest_lengths(engine, params, state))
     state = settle(engine, params, state, tight, hold, duration_s=settle_s)
     return WindowStarts(
         state=state,
