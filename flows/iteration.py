@@ -1,6 +1,6 @@
 """The ``r2s2r_iteration`` flow: one R2S2R iteration (DESIGN §1, §6).
 
-Stages so far: ``collect`` -> ``track`` -> ``attach`` -> ``sysid``. The flow owns the
+Stages: ``collect`` -> ``track`` -> ``attach`` -> ``sysid`` -> ``gaits`` -> ``redeploy``. The flow owns the
 iteration's MLflow run (one per iteration, reused on re-invocation) and hands its
 id to the stage tasks, which log through the client API. A stage that is not
 asked for but whose output a later stage needs is read from disk (its complete
@@ -20,10 +20,12 @@ from storage.layout import Ref, RunLayout, complete_stage_ref
 from storage.tracking import client_for, finish_run, flatten, iteration_run, log_params_once
 from tasks.attach import attach
 from tasks.collect import collect
+from tasks.gaits import gaits
+from tasks.redeploy import redeploy
 from tasks.sysid import sysid
 from tasks.track import track
 
-STAGES = ("collect", "track", "attach", "sysid")
+STAGES = ("collect", "track", "attach", "sysid", "gaits", "redeploy")
 
 
 def existing_ref(layout: RunLayout, iteration: int, stage: str) -> Ref:
@@ -87,6 +89,11 @@ def r2s2r_iteration(
         run(
             "sysid",
             lambda: sysid(configs, iteration, run_id, ref("collect"), ref("track"), ref("attach"), return_state=True),
+        )
+        run("gaits", lambda: gaits(configs, iteration, run_id, ref("attach"), ref("sysid"), return_state=True))
+        run(
+            "redeploy",
+            lambda: redeploy(configs, iteration, run_id, ref("attach"), ref("sysid"), ref("gaits"), return_state=True),
         )
     except BaseException:
         finish_run(client, run_id, ok=False)

@@ -350,6 +350,77 @@ class SysidConfig(StrictModel):
     )
 
 
+class GaitSearchConfig(StrictModel):
+    """The graph search for gaits (``gaits`` stage; :mod:`pipeline.gaits.search`)."""
+
+    depth: Annotated[int, Field(ge=2, le=5)] = Field(
+        default=4, description="Edges of a gait, rest shape to rest shape (seed 000: 4)."
+    )
+    dt_s: Positive = Field(default=0.005, description="Engine time step of the search (s).")
+    transition_timeout_s: Positive = Field(
+        default=2.0, description="An edge whose shape is not reached in this time is unreachable (s)."
+    )
+    settle_s: Annotated[float, Field(ge=0)] = Field(
+        default=0.5, description="Hold on the rest shape before a gait is scored (s)."
+    )
+    merge_position_m: Annotated[float, Field(ge=0)] = Field(
+        default=0.005, description="End states closer than this (end caps, up to a planar motion) merge (m)."
+    )
+    merge_velocity_m_s: Annotated[float, Field(ge=0)] = Field(
+        default=0.05, description="... and whose rod velocities differ less than this (m/s)."
+    )
+    exact_levels: Annotated[int, Field(ge=1)] = Field(
+        default=2, description="Levels searched exhaustively (every reachable shape after every node)."
+    )
+    beam_width: Annotated[int, Field(ge=1)] | None = Field(
+        default=24, description="Deeper levels expand the best this many nodes per objective; null: exhaustive."
+    )
+    validate_top: Annotated[int, Field(ge=1)] = Field(
+        default=6, description="Best leaves per objective re-run as whole gaits from the start."
+    )
+
+
+class GaitsConfig(StrictModel):
+    """The ``gaits`` stage: search, expansion to long policies, smoothing."""
+
+    search: GaitSearchConfig = GaitSearchConfig()
+    straight_cycles: Annotated[int, Field(ge=1)] = Field(
+        default=3, description="Forward cycles of the straight policy."
+    )
+    turn: Literal["ccw", "cw"] = Field(default="ccw", description="Which turning gait the turning policy repeats.")
+    turn_cycles: Annotated[int, Field(ge=1)] = Field(default=3, description="Cycles of the turning policy.")
+    smoothing: bool = Field(default=True, description="Remove redundant reset steps between cycles (seed 000).")
+    smoothing_tolerance_m: Positive = Field(
+        default=0.05, description="A smoothed policy must end within this of the unsmoothed one's displacement (m)."
+    )
+    smoothing_tolerance_deg: Positive = Field(
+        default=15.0, description="... and within this of its heading change (deg)."
+    )
+
+
+class StartPoseConfig(StrictModel):
+    """A start of a redeploy run: the rest pose turned by ``yaw_deg`` and moved by (x, y) (m)."""
+
+    x_m: float
+    y_m: float
+    yaw_deg: float
+
+
+class RedeployConfig(StrictModel):
+    """The ``redeploy`` stage: run the expanded policies on the hardware from several starts."""
+
+    policies: tuple[Literal["straight", "turning"], ...] = Field(default=("straight", "turning"), min_length=1)
+    starts: tuple[StartPoseConfig, ...] = Field(
+        default=(
+            StartPoseConfig(x_m=0.0, y_m=-0.4, yaw_deg=0.0),
+            StartPoseConfig(x_m=0.25, y_m=-0.7, yaw_deg=120.0),
+            StartPoseConfig(x_m=0.0, y_m=-1.0, yaw_deg=-120.0),
+        ),
+        min_length=1,
+        description="Start poses, each run for every policy (seed 000 Table I: repeatability across starts).",
+    )
+
+
 class PipelineConfig(StrictModel):
     campaign: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
     runs_dir: Path
@@ -360,6 +431,8 @@ class PipelineConfig(StrictModel):
     track: TrackConfig = TrackConfig()
     attach: AttachConfig = AttachConfig()
     sysid: SysidConfig = SysidConfig()
+    gaits: GaitsConfig = GaitsConfig()
+    redeploy: RedeployConfig = RedeployConfig()
 
     @field_validator("runs_dir", "robot_config", "hardware_config")
     @classmethod

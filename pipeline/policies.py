@@ -63,6 +63,35 @@ def _triangle_violations(robot: RobotConfig, target: np.ndarray) -> list[tuple[i
     return out
 
 
+def feasible_target(
+    robot: RobotConfig, target: np.ndarray, label: str
+) -> tuple[np.ndarray, list[tuple[int, float, float]]]:
+    """``target`` (6,) with every too-long cable shortened to the longest length its side's
+    triangle allows (``repair`` mode), and the repairs as (cable, before, after); in ``reject``
+    mode, or if no repair exists, :class:`PolicyError` names ``label`` and the cable."""
+    target = np.array(target, dtype=float)
+    repairs = []
+    violations = _triangle_violations(robot, target)
+    while violations:
+        j, excess = max(violations, key=lambda v: v[1])
+        if robot.feasibility.mode == "reject":
+            raise PolicyError(
+                f"{label} = {target.tolist()} violates the triangle inequality at cable {j} by "
+                f"{excess * 1000:.1f} mm (needs {robot.feasibility.min_triangle_slack_m * 1000:.0f} mm slack); "
+                "shorten that cable"
+            )
+        repaired = target[j] - excess / robot.actuated_cable.range_m
+        if repaired < 0:
+            raise PolicyError(
+                f"{label} = {target.tolist()} cannot be repaired: the other two cables of cable {j}'s triangle "
+                "are too short"
+            )
+        repairs.append((j, float(target[j]), float(repaired)))
+        target[j] = repaired
+        violations = _triangle_violations(robot, target)
+    return target, repairs
+
+
 def check_policy(robot: RobotConfig, policy: Policy) -> Policy:
     """Validate ``policy`` against the robot's reachable shapes.
 
@@ -82,33 +111,17 @@ def check_policy(robot: RobotConfig, policy: Policy) -> Policy:
         raise PolicyError(
             f"policy '{policy.name}': target {i} cable {j} = {float(targets[i, j])}; expected a number in [0, 1]"
         )
-    rng = robot.actuated_cable.range_m
     for i, target in enumerate(targets):
-        violations = _triangle_violations(robot, target)
-        while violations:
-            j, excess = max(violations, key=lambda v: v[1])
-            if robot.feasibility.mode == "reject":
-                raise PolicyError(
-                    f"policy '{policy.name}': target {i} = {target.tolist()} violates the triangle inequality at "
-                    f"cable {j} by {excess * 1000:.1f} mm (needs {robot.feasibility.min_triangle_slack_m * 1000:.0f} "
-                    "mm slack); shorten that cable"
-                )
-            repaired = target[j] - excess / rng
-            if repaired < 0:
-                raise PolicyError(
-                    f"policy '{policy.name}': target {i} = {target.tolist()} cannot be repaired: the other two "
-                    f"cables of cable {j}'s triangle are too short"
-                )
+        targets[i], repairs = feasible_target(robot, target, f"policy '{policy.name}': target {i}")
+        for j, before, after in repairs:
             log.warning(
                 "policy '%s': target %d cable %d repaired %.3f -> %.3f (triangle inequality)",
                 policy.name,
                 i,
                 j,
-                target[j],
-                repaired,
+                before,
+                after,
             )
-            target[j] = repaired
-            violations = _triangle_violations(robot, target)
     return Policy(name=policy.name, targets=targets)
 
 

@@ -19,9 +19,9 @@ from prefect import task
 from prefect.context import TaskRunContext
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.config import LoadedConfigs, config_hash
+from pipeline.config import CollectConfig, LoadedConfigs, config_hash
 from pipeline.hardware import make_robot
-from pipeline.hardware.base import Robot, SensorPacket
+from pipeline.hardware.base import Robot, SensorPacket, StartPose
 from pipeline.plots import top_view_paths
 from pipeline.policies import Policy, policy_from_name
 from storage.files import atomic_write_bytes, atomic_write_json
@@ -85,11 +85,44 @@ def run_collect(
         imu_rods=configs.robot.sensors.imu_rods,
     )
     recording = Recording(folder, identity, robot.camera if c.record_frames else None, c.checkpoint_every_s)
+    try:
+        record_run(robot, policy, recording, c, show_progress=show_progress)
+    except BaseException as exc:
+        write_manifest(
+            stage_dir,
+            STAGE,
+            complete=False,
+            summary={
+                "policy_id": policy.policy_id,
+                "duration_s": recording.last_t_s,
+                "error": f"{type(exc).__name__}: {exc}",
+            },
+        )
+        raise
+    truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
+    summary = _summarise(truth, policy, recording)
+    _write_plots(stage_dir, folder, caps_array(truth), policy)
+    ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
+    return ref, summary
+
+
+def record_run(
+    robot: Robot,
+    policy: Policy,
+    recording: Recording,
+    c: CollectConfig,
+    start: StartPose | None = None,
+    show_progress: bool = True,
+) -> None:
+    """Place ``robot`` at ``start``, run ``policy`` and write it into ``recording`` (opened with
+    or without a camera as ``c.record_frames`` says), with ``c``'s segment timeout. If the
+    hardware fails or the run is interrupted, the robot is stopped, what was recorded is kept,
+    marked incomplete, and the exception propagates."""
     segments = 0
     try:
-        robot.reset()
+        robot.reset(start)
         with Progress(
-            TextColumn("collect {task.description}"),
+            TextColumn("run {task.description}"),
             BarColumn(),
             TextColumn("{task.completed}/{task.total} targets"),
             TimeElapsedColumn(),
@@ -105,23 +138,8 @@ def run_collect(
     except BaseException as exc:
         robot.stop()
         recording.close(complete=False, reason=f"{type(exc).__name__}: {exc}")
-        write_manifest(
-            stage_dir,
-            STAGE,
-            complete=False,
-            summary={
-                "policy_id": policy.policy_id,
-                "duration_s": recording.last_t_s,
-                "error": f"{type(exc).__name__}: {exc}",
-            },
-        )
         raise
     recording.close(complete=True)
-    truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
-    summary = _summarise(truth, policy, recording)
-    _write_plots(stage_dir, folder, caps_array(truth), policy)
-    ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
-    return ref, summary
 
 
 def _summarise(truth: pd.DataFrame, policy: Policy, recording: Recording) -> dict[str, float]:

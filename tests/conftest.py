@@ -45,6 +45,16 @@ SMALL_SYSID = {
 }
 """A sysid short enough for flow tests (its accuracy is tested in test_sysid.py)."""
 
+SMALL_GAITS = {
+    "search": {"depth": 2, "validate_top": 2},
+    "straight_cycles": 1,
+    "turn_cycles": 1,
+}
+"""A gait search and expansion short enough for flow tests (the search is tested in test_gaits.py)."""
+
+SMALL_REDEPLOY = {"policies": ["turning"]}
+"""One policy from the three default starts."""
+
 
 def write_test_pipeline(folder: Path, campaign: str = "test", n_targets: int = 4, **collect: object) -> Path:
     """Write a pipeline config (and a small-camera twin config) under ``folder``."""
@@ -62,6 +72,8 @@ def write_test_pipeline(folder: Path, campaign: str = "test", n_targets: int = 4
     pipeline["collect"]["random"]["n_targets"] = n_targets
     pipeline["collect"].update(collect)
     pipeline["sysid"].update(SMALL_SYSID)
+    pipeline["gaits"].update(SMALL_GAITS)
+    pipeline["redeploy"].update(SMALL_REDEPLOY)
     path = folder / "pipeline.yaml"
     path.write_text(yaml.safe_dump(pipeline))
     return path

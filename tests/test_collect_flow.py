@@ -108,14 +108,14 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     config = str(write_test_pipeline(tmp_path, campaign="flowtest", n_targets=2))
     first = r2s2r_iteration(config, iteration=1)
     second = r2s2r_iteration(config, iteration=1)
-    assert executions == [1]
+    assert executions == [1] * 4  # collect, then the redeploy of one policy from three starts
     assert first["stages"]["collect"]["cached"] is False
     assert second["stages"]["collect"]["cached"] is True
     assert second["stages"]["collect"]["ref"] == first["stages"]["collect"]["ref"]
     assert first["mlflow_run_id"] == second["mlflow_run_id"]
 
-    third = r2s2r_iteration(config, iteration=2)
-    assert executions == [1, 1]
+    third = r2s2r_iteration(config, iteration=2, stages=["collect"])
+    assert executions == [1] * 5
     assert third["mlflow_run_id"] != first["mlflow_run_id"]
 
     configs = load_all(config)
@@ -133,8 +133,8 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert artifacts == {"collect/top_view.png", "collect/first_frame.png"}
     assert "prefect.flow_run_id" in run.data.tags
 
-    # track, attach and sysid ran after collect, were cached the second time, and logged to the same run
-    for stage in ("track", "attach", "sysid"):
+    # the later stages ran after collect, were cached the second time, and logged to the same run
+    for stage in ("track", "attach", "sysid", "gaits", "redeploy"):
         assert first["stages"][stage]["cached"] is False
         assert second["stages"][stage]["cached"] is True
     assert run.data.metrics["track.error_cap_error_mean_mm"] < 10.0  # 320 x 240 test camera
@@ -158,9 +158,31 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
         "sysid/history.parquet",
     }
 
+    gaits_dir = Path(first["stages"]["gaits"]["ref"]["path"])
+    policies = json.loads((gaits_dir / "policies.json").read_text())
+    assert set(policies) == {"straight", "turning"} and all(p["simulated"]["reached"] for p in policies.values())
+    found = json.loads((gaits_dir / "gaits.json").read_text())["found"]
+    assert found["ccw"]["rotation_deg"] > 0 > found["cw"]["rotation_deg"]
+    assert found["forward"]["forward_m"] > 0 > found["backward"]["forward_m"]
+    assert "gaits.forward.forward_m" in run.data.metrics and "gaits.search_simulated" in run.data.metrics
+    redeploy_dir = Path(first["stages"]["redeploy"]["ref"]["path"])
+    runs = sorted(p.name for p in redeploy_dir.iterdir() if (p / "tracked.parquet").is_file())
+    assert runs == ["turning-start0", "turning-start1", "turning-start2"]
+    gap = pq.read_table(redeploy_dir / "gap.parquet").to_pandas()
+    assert len(gap) == 3 * 2 and set(gap["engine"]) == {"before", "after"}
+    assert (gap["com_error_m"] >= 0).all() and gap["heading_error_deg"].between(0, 180).all()
+    repeatability = json.loads((redeploy_dir / "repeatability.json").read_text())["turning"]
+    assert repeatability["runs"] == 3 and repeatability["rotation_deg_std"] >= 0
+    for key in ("gap.before.com_error_m", "gap.after.com_error_m", "repeatability.turning.rotation_deg_mean"):
+        assert f"redeploy.{key}" in run.data.metrics, key
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "redeploy")} >= {
+        "redeploy/gap.parquet",
+        "redeploy/turning-start0.png",
+    }
+
     # a single stage rerun with a changed setting: track recomputes, collect is read from disk
     rerun = r2s2r_iteration(config, iteration=1, stages=["track", "attach"], overrides={"track.gate_m": 0.1})
-    assert executions == [1, 1]
+    assert executions == [1] * 5
     assert set(rerun["stages"]) == {"track", "attach"}
     assert rerun["stages"]["track"]["cached"] is False
     assert rerun["stages"]["attach"]["cached"] is False  # its input changed

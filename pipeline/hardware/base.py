@@ -90,6 +90,16 @@ class CameraInfo:
 ProgressCallback = Callable[[float], None]
 
 
+@dataclass(frozen=True)
+class StartPose:
+    """Where the robot is placed before a run: its rest pose turned by ``yaw_rad`` about the
+    vertical through its centroid, then moved by (``x_m``, ``y_m``) on the ground (world frame)."""
+
+    x_m: float = 0.0
+    y_m: float = 0.0
+    yaw_rad: float = 0.0
+
+
 class Robot(ABC):
     """A cable-driven robot that can be reset, run a policy, and be stopped."""
 
@@ -99,8 +109,9 @@ class Robot(ABC):
         """The calibrated RGB-D camera, or None if the backend records no frames."""
 
     @abstractmethod
-    def reset(self) -> None:
-        """Bring the robot to its rest state (all actuated cables extended, on the ground)."""
+    def reset(self, start: StartPose | None = None) -> None:
+        """Bring the robot to its rest state (all actuated cables extended, on the ground),
+        placed at ``start`` (default: where the backend's rest pose is)."""
 
     @abstractmethod
     def execute(

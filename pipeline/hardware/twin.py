@@ -32,6 +32,7 @@ from pipeline.hardware.base import (
     ProgressCallback,
     Robot,
     SensorPacket,
+    StartPose,
 )
 from pipeline.hardware.twin_model import build_twin_xml, camera_axes
 from pipeline.policies import REST_TARGET, Policy
@@ -45,6 +46,13 @@ class _Snapshot:
     qpos: np.ndarray
     rest_length_m: np.ndarray
     motor_rad: np.ndarray
+
+
+def _quat_multiply(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Hamilton product of quaternions (w, x, y, z)."""
+    out = np.empty(4)
+    mujoco.mju_mulQuat(out, a, b)
+    return out
 
 
 class MujocoTwin(Robot):
@@ -214,12 +222,13 @@ class MujocoTwin(Robot):
         return FramePacket(t_s=t_s, rgb=rgb, depth=depth)
 
     # ----------------------------------------------------------------- Robot API
-    def reset(self, seed: int | None = None) -> None:
-        """Back to the settled rest state; ``seed`` (optional) restarts the noise generator."""
+    def reset(self, start: StartPose | None = None, seed: int | None = None) -> None:
+        """Back to the settled rest state, placed at ``start``; ``seed`` (optional) restarts the
+        noise generator."""
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         mujoco.mj_resetData(self.model, self.data)
-        self.data.qpos[:] = self._rest.qpos
+        self.data.qpos[:] = self._rest.qpos if start is None else self._placed(start)
         self._rest_length = self._rest.rest_length_m.copy()
         self._motor_rad = self._rest.motor_rad.copy()
         self._omega_prev = np.zeros(N_ACTUATED)
@@ -228,6 +237,20 @@ class MujocoTwin(Robot):
 
     def stop(self) -> None:
         self._stop_requested = True
+
+    def _placed(self, start: StartPose) -> np.ndarray:
+        """The settled rest ``qpos`` (three free joints: position, then quaternion w, x, y, z)
+        turned about the vertical through the rods' centroid and moved on the ground."""
+        qpos = self._rest.qpos.copy().reshape(3, 7)
+        centre = qpos[:, :2].mean(axis=0)
+        c, s = np.cos(start.yaw_rad), np.sin(start.yaw_rad)
+        turn = np.array([[c, -s], [s, c]])
+        qpos[:, :2] = (qpos[:, :2] - centre) @ turn.T + centre + np.array([start.x_m, start.y_m])
+        half = 0.5 * start.yaw_rad
+        qz = np.array([np.cos(half), 0.0, 0.0, np.sin(half)])
+        for rod in qpos:
+            rod[3:] = _quat_multiply(qz, rod[3:])
+        return qpos.reshape(-1)
 
     def execute(
         self,

@@ -67,7 +67,9 @@ def run_policy(
     environment and segment), runs the PID, and holds the command for the physics
     steps of the tick; commands reach the motors ``latency_s`` later. After the last
     target is reached an environment is held for ``final_hold_s`` and then stops
-    commanding. Returns the final state and the :class:`Trace` (differentiable in
+    commanding. Returns each environment's state on the tick it finished (the last tick for
+    one that did not finish: a batch runs until all have, and the others' idle physics after
+    they finished is not part of their run) and the :class:`Trace` (differentiable in
     ``params`` and ``state``). With ``detach_between_segments`` an environment's state
     is detached when it moves on to its next target (after that tick is recorded, so
     the recorded end of a segment keeps its gradient), and each segment's gradient
@@ -103,6 +105,8 @@ def run_policy(
     pending: deque[torch.Tensor] = deque(torch.zeros_like(integral) for _ in range(round(latency_s / tick_s)))
     times, caps, cables, segments, controls, finished_log = [], [], [], [], [], []
     tick = 0
+    at_finish = state
+    was_finished = torch.zeros(batch, dtype=torch.bool, device=device)
     while True:
         t = tick * tick_s
         lengths = engine.cable_lengths(state)
@@ -120,6 +124,10 @@ def run_policy(
         integral = integral * ~moving_on[:, None]
         has_previous = has_previous & ~moving_on[:, None]
         finished = t >= hold_until
+        newly = finished & ~was_finished
+        if bool(newly.any()):
+            at_finish = _where_state(newly, state, at_finish)
+        was_finished = finished
         target = targets[torch.arange(batch, device=device), segment]
         error = position - target
         u, integral = pid_update(pid, error, integral, torch.where(has_previous, previous, error), tick_s)
@@ -155,7 +163,17 @@ def run_policy(
         control=torch.stack(controls, dim=1),
         finished=torch.stack(finished_log, dim=1),
     )
-    return state, trace
+    return _where_state(was_finished, at_finish, state), trace
+
+
+def _where_state(envs: torch.Tensor, chosen: State, other: State) -> State:
+    """Per environment, ``chosen`` where ``envs`` (B,) bool is set, else ``other``."""
+    return State(
+        **{
+            name: torch.where(envs.reshape(-1, *[1] * (value.dim() - 1)), value, getattr(other, name))
+            for name, value in vars(chosen).items()
+        }
+    )
 
 
 def _detach_where(state: State, envs: torch.Tensor) -> State:

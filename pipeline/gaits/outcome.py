@@ -1,0 +1,124 @@
+"""What a policy does in the engine: centre-of-mass travel, heading change, faces, success.
+
+:func:`simulate_targets` runs target sequences for a batch of environments (the PID
+inside, as on the robot) and summarises each one as an :class:`Outcome`; the gait
+search, the smoothing check and the simulated side of the sim-to-real gap read it.
+
+Directions (DESIGN §4): heading = principal axis rotated +90 deg about z; "forward"
+is the centre-of-mass displacement along the *start* heading, "rotation" the change of
+heading, counter-clockwise (seen from above) positive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipeline.config import RobotConfig
+from pipeline.gaits.symmetry import bottom_face
+from pipeline.physics.engine import Engine, State
+from pipeline.physics.params import Params
+from pipeline.physics.rollout import Trace, run_policy
+from pipeline.robot_model import heading_rad
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Per environment (B,), from its start to the tick it finished (its final hold done):
+    ``forward_m`` CoM displacement along the start heading (m),
+    ``lateral_m`` along the start heading rotated +90 deg (m), ``rotation_rad`` heading change
+    (rad, ccw positive, unwrapped along the trace), ``start_face`` / ``end_face`` indices into
+    :data:`~pipeline.gaits.symmetry.FACES`, ``reached`` whether every target was reached before
+    its timeout; ``final`` the engine state at the end and ``trace`` the rollout."""
+
+    forward_m: np.ndarray
+    lateral_m: np.ndarray
+    rotation_rad: np.ndarray
+    start_face: np.ndarray
+    end_face: np.ndarray
+    reached: np.ndarray
+    final: State
+    trace: Trace
+
+    @property
+    def faces_changed(self) -> np.ndarray:
+        """Forward face steps (B,) from start to end face, mod 3 (0: same face)."""
+        return (self.end_face - self.start_face) % 3
+
+
+def summarise(robot: RobotConfig, trace: Trace, targets: torch.Tensor, final_hold_s: float, final: State) -> Outcome:
+    """The :class:`Outcome` of a finished rollout ``trace`` of ``targets`` (B, S, 6) whose last
+    target was held for ``final_hold_s`` (s)."""
+    caps = trace.caps_m.detach().numpy()
+    finished = trace.finished.numpy()
+    end = np.where(finished.any(1), finished.argmax(1), caps.shape[1] - 1)
+    rows = np.arange(len(caps))
+    com = caps.mean(axis=2)[..., :2]
+    headings = np.unwrap(heading_rad(caps), axis=1)
+    forward_dir = np.stack([np.cos(headings[:, 0]), np.sin(headings[:, 0])], axis=-1)
+    lateral_dir = np.stack([-forward_dir[:, 1], forward_dir[:, 0]], axis=-1)
+    displacement = com[rows, end] - com[:, 0]
+    return Outcome(
+        forward_m=(displacement * forward_dir).sum(-1),
+        lateral_m=(displacement * lateral_dir).sum(-1),
+        rotation_rad=headings[rows, end] - headings[:, 0],
+        start_face=np.array([bottom_face(c) for c in caps[:, 0]]),
+        end_face=np.array([bottom_face(c) for c in caps[rows, end]]),
+        reached=_all_reached(robot, trace, targets.detach().numpy(), final_hold_s),
+        final=final,
+        trace=trace,
+    )
+
+
+def _all_reached(robot: RobotConfig, trace: Trace, targets: np.ndarray, final_hold_s: float) -> np.ndarray:
+    """Whether every target of each environment was reached (B,): the cables were within the
+    PID tolerance of target j on the tick the policy moved on from it (for the last target, the
+    tick its final hold began), rather than timing out."""
+    lo, span = robot.actuated_cable.min_length_m, robot.actuated_cable.range_m
+    position = (trace.cables_m[..., : targets.shape[-1]].detach().numpy() - lo) / span
+    segment = trace.segment.numpy()
+    finished = trace.finished.numpy()
+    hold_ticks = round(final_hold_s * robot.pid.control_rate_hz)
+    reached = np.zeros(segment.shape[0], dtype=bool)
+    for b in range(segment.shape[0]):
+        moved_on = np.flatnonzero(np.diff(segment[b])) + 1
+        done = np.flatnonzero(finished[b])
+        if len(moved_on) < targets.shape[1] - 1 or len(done) == 0:
+            continue
+        ticks = np.append(moved_on, done[0] - hold_ticks)
+        error = np.abs(position[b, ticks] - targets[b, np.arange(targets.shape[1])]).max(-1)
+        reached[b] = bool((error < robot.pid.tolerance).all())
+    return reached
+
+
+@torch.no_grad()
+def simulate_targets(
+    engine: Engine,
+    params: Params,
+    robot: RobotConfig,
+    state: State,
+    targets: np.ndarray | torch.Tensor,
+    timeout_s: float,
+    final_hold_s: float = 1.0,
+) -> Outcome:
+    """Run ``targets`` ((S, 6) shared or (B, S, 6)) from ``state`` (B environments) and summarise.
+
+    The final hold (s) lets the robot come to rest on the last target, so the end face and
+    heading are those of a settled robot.
+    """
+    targets = torch.as_tensor(np.asarray(targets, float), dtype=state.pos.dtype)
+    if targets.dim() == 2:
+        targets = targets.expand(state.batch_size, *targets.shape)
+    final, trace = run_policy(
+        engine,
+        params,
+        state,
+        targets,
+        robot.pid,
+        timeout_s,
+        final_hold_s=final_hold_s,
+        latency_s=robot.pid.latency_s,
+    )
+    return summarise(robot, trace, targets, final_hold_s, final)

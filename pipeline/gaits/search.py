@@ -1,0 +1,328 @@
+"""Depth-limited graph search for gaits in the engine (seed 000, "symmetry reduction").
+
+Nodes are target shapes with binary cable lengths (0 retracted, 1 extended); an edge
+changes any set of cables (retract, extend or hold each). A gait is a path from the
+rest shape (all extended) back to it, at most ``depth`` edges long, searched from the
+robot resting on face 0 (caps 0, 2, 3, 5): gaits for the other faces and for the reverse
+direction follow by symmetry (:mod:`pipeline.gaits.symmetry`), so one face is searched.
+
+The search simulates each tree level as one batch of the engine, every child
+continuing from its parent's end state (:func:`~pipeline.gaits.outcome.simulate_targets`).
+Where it prunes, and why:
+
+* **infeasible shapes**: a binary shape whose side triangle cannot close (one cable
+  extended against two retracted; seed 002) is repaired as the policy checker repairs
+  it (the long cable shortened to the longest feasible length, e.g. 1 -> 0.8), not
+  dropped; shapes that the repair makes identical are one node;
+* **unreachable edges**: a child whose cables did not reach its target before
+  ``transition_timeout_s`` is dropped (the robot could not make that shape from there);
+* **beam** (from level ``exact_levels + 1`` on, if ``beam_width`` is set): a level's
+  nodes are ranked per objective by the gait they make when closed with the rest shape
+  now, and the best ``beam_width`` per objective are expanded; the rest are pruned.
+  Levels up to ``exact_levels`` are searched exhaustively;
+* **merged states**: children with the same shape whose end states agree, up to a
+  planar rigid motion, within ``merge_position_m`` and ``merge_velocity_m_s`` have the
+  same future; per merged class only the best path for each objective is kept (four at
+  most). This is exact up to the tolerances.
+
+Every surviving path is closed with the rest shape (a leaf) and scored after a
+``settle_s`` hold: centre-of-mass displacement along the start heading (forward,
+backward) and heading change (ccw, cw). The best ``validate_top`` leaves per objective
+are then run again as whole gaits from the start state, one rollout each, exactly as
+the robot would execute them (no pause between targets), and the best validated gait
+is reported with its validated figures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import torch
+
+from pipeline.config import GaitSearchConfig, RobotConfig
+from pipeline.gaits.outcome import Outcome, simulate_targets
+from pipeline.physics.engine import Engine, State
+from pipeline.physics.params import Params
+from pipeline.policies import feasible_target
+from pipeline.robot_model import N_ACTUATED, heading_rad
+
+OBJECTIVES = ("forward", "backward", "ccw", "cw")
+"""What the search maximises: forward / backward CoM displacement along the start heading,
+counter-clockwise / clockwise heading change."""
+
+
+@dataclass(frozen=True)
+class FoundGait:
+    """A gait from the search: ``targets`` (n, 6) ending at the rest shape, for face 0; its
+    validated ``forward_m`` (m along the start heading), ``lateral_m`` (m), ``rotation_rad`` (ccw
+    positive), ``face_steps`` (forward face changes per cycle, mod 3), ``duration_s`` (s)."""
+
+    objective: str
+    targets: np.ndarray
+    forward_m: float
+    lateral_m: float
+    rotation_rad: float
+    face_steps: int
+    duration_s: float
+
+    def score(self) -> float:
+        return objective_score(self.objective, self.forward_m, self.rotation_rad)
+
+
+@dataclass
+class SearchStats:
+    """What the search did, level by level: simulated edges, dropped as unreachable, merged away."""
+
+    simulated: list[int] = field(default_factory=list)
+    unreachable: list[int] = field(default_factory=list)
+    merged: list[int] = field(default_factory=list)
+    beam_pruned: list[int] = field(default_factory=list)
+    leaves: int = 0
+    unclosed: int = 0
+    validated: int = 0
+    shapes: int = 0
+    wall_s: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "shapes": self.shapes,
+            "simulated_per_level": self.simulated,
+            "unreachable_per_level": self.unreachable,
+            "merged_per_level": self.merged,
+            "beam_pruned_per_level": self.beam_pruned,
+            "simulated": int(sum(self.simulated)) + self.leaves,
+            "pruned": int(sum(self.unreachable) + sum(self.merged) + sum(self.beam_pruned) + self.unclosed),
+            "leaves": self.leaves,
+            "unclosed": self.unclosed,
+            "validated": self.validated,
+            "wall_s": self.wall_s,
+        }
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    gaits: dict[str, FoundGait]
+    stats: SearchStats
+
+
+@dataclass
+class _Frontier:
+    """Nodes of one level: ``paths`` (N, L) shape indices, end ``state`` (N envs), accumulated
+    CoM displacement ``com_m`` (N, 2) from the root (world) and heading change ``turn_rad`` (N,)."""
+
+    paths: np.ndarray
+    state: State
+    com_m: np.ndarray
+    turn_rad: np.ndarray
+
+
+def objective_score(objective: str, forward_m: float | np.ndarray, rotation_rad: float | np.ndarray):
+    """The value an objective maximises (m for displacement, rad for rotation)."""
+    return {"forward": forward_m, "backward": -forward_m, "ccw": rotation_rad, "cw": -rotation_rad}[objective]
+
+
+def search_shapes(robot: RobotConfig) -> np.ndarray:
+    """The search's nodes (K, 6): every binary shape, infeasible ones repaired (deduplicated);
+    row 0 is the rest shape."""
+    binary = np.array(list(itertools.product((1.0, 0.0), repeat=N_ACTUATED)))
+    repaired = np.stack([feasible_target(robot, shape, "gait-search shape")[0] for shape in binary])
+    _, first = np.unique(repaired.round(9), axis=0, return_index=True)
+    return repaired[np.sort(first)]
+
+
+def _index_state(state: State, rows: np.ndarray) -> State:
+    return state.index(torch.as_tensor(rows, dtype=torch.long))
+
+
+def _repeat_state(state: State, n: int) -> State:
+    """Each environment repeated ``n`` times, consecutively."""
+    return State(**{f.name: getattr(state, f.name).repeat_interleave(n, dim=0) for f in fields(state)})
+
+
+def _expand_params(params: Params, batch: int) -> Params:
+    return Params(**{n: v[:1].expand(batch).clone() for n, v in params.as_dict().items()})
+
+
+def _wrap(angle: np.ndarray) -> np.ndarray:
+    return (angle + np.pi) % (2 * np.pi) - np.pi
+
+
+class GaitSearch:
+    """The search of ``config`` in ``engine`` with ``params`` (one environment) from ``start``
+    (one environment, at rest on face 0)."""
+
+    def __init__(
+        self, engine: Engine, params: Params, robot: RobotConfig, start: State, config: GaitSearchConfig
+    ) -> None:
+        self.engine, self.params, self.robot, self.start, self.config = engine, params, robot, start, config
+        self.shapes = search_shapes(robot)
+        caps = engine.cap_positions(start).numpy()[0]
+        self.root_com = caps.mean(0)[:2]
+        self.root_heading = float(heading_rad(caps))
+        self.forward_dir = np.array([np.cos(self.root_heading), np.sin(self.root_heading)])
+
+    def _edges(self, frontier: _Frontier, children: np.ndarray, settle_s: float) -> tuple[_Frontier, np.ndarray]:
+        """Simulate each frontier node going to each of its ``children`` (N, C) shape indices (-1:
+        none) in one batch; returns the children as a frontier and which reached their shape."""
+        parent, slot = np.nonzero(children >= 0)
+        shape = children[parent, slot]
+        state = _index_state(frontier.state, parent)
+        targets = torch.as_tensor(self.shapes[shape][:, None, :], dtype=state.pos.dtype)
+        outcome = simulate_targets(
+            self.engine,
+            _expand_params(self.params, len(parent)),
+            self.robot,
+            state,
+            targets,
+            self.config.transition_timeout_s,
+            final_hold_s=settle_s,
+        )
+        first = outcome.trace.caps_m[:, 0].numpy()
+        last = self.engine.cap_positions(outcome.final).numpy()
+        com = frontier.com_m[parent] + last.mean(1)[:, :2] - first.mean(1)[:, :2]
+        turn = frontier.turn_rad[parent] + _wrap(heading_rad(last) - heading_rad(first))
+        paths = np.concatenate([frontier.paths[parent], shape[:, None]], axis=1)
+        finite = np.isfinite(last).all(axis=(1, 2)) & np.isfinite(first).all(axis=(1, 2))
+        return _Frontier(paths, outcome.final, com, turn), outcome.reached & finite
+
+    def _scores(self, frontier: _Frontier) -> np.ndarray:
+        """(N, 4) objective values of the nodes' accumulated motion."""
+        forward = (frontier.com_m * self.forward_dir).sum(-1)
+        return np.stack([objective_score(o, forward, frontier.turn_rad) for o in OBJECTIVES], axis=-1)
+
+    def _merge(self, frontier: _Frontier) -> np.ndarray:
+        """Rows to keep: per class of equivalent end states (same shape, same pose up to a planar
+        rigid motion and same velocities within the tolerances), the best path per objective."""
+        state = frontier.state
+        caps = self.engine.cap_positions(state).numpy()
+        heading = heading_rad(caps)
+        cos, sin = np.cos(-heading), np.sin(-heading)
+        rotation = np.zeros((len(caps), 3, 3))
+        rotation[:, 0, 0], rotation[:, 0, 1], rotation[:, 1, 0], rotation[:, 1, 1] = cos, -sin, sin, cos
+        rotation[:, 2, 2] = 1.0
+        centred = caps - np.concatenate([caps.mean(1)[:, :2], np.zeros((len(caps), 1))], -1)[:, None]
+        local = np.einsum("nij,nkj->nki", rotation, centred)
+        velocity = np.einsum("nij,nkj->nki", rotation, state.vel.numpy())
+        scores = self._scores(frontier)
+        keep: list[int] = []
+        for shape in np.unique(frontier.paths[:, -1]):
+            rows = np.flatnonzero(frontier.paths[:, -1] == shape)
+            unassigned = list(rows)
+            while unassigned:
+                head = unassigned[0]
+                close = [
+                    r
+                    for r in unassigned
+                    if np.abs(local[r] - local[head]).max() <= self.config.merge_position_m
+                    and np.abs(velocity[r] - velocity[head]).max() <= self.config.merge_velocity_m_s
+                ]
+                keep.extend({close[int(np.argmax(scores[close, k]))] for k in range(len(OBJECTIVES))})
+                unassigned = [r for r in unassigned if r not in close]
+        return np.array(sorted(keep), dtype=int)
+
+    def run(self) -> SearchResult:
+        began = time.perf_counter()
+        stats = SearchStats(shapes=len(self.shapes))
+        n_shapes = len(self.shapes)
+        frontier = _Frontier(np.zeros((1, 0), dtype=int), self.start, np.zeros((1, 2)), np.zeros(1))
+        leaves: list[_Frontier] = []
+        for level in range(1, self.config.depth):
+            previous = frontier.paths[:, -1] if level > 1 else np.zeros(1, dtype=int)
+            children = np.tile(np.arange(1, n_shapes), (len(frontier.paths), 1))
+            children[children == previous[:, None]] = -1
+            if level > 1:
+                leaf, closed_rows = self._close(frontier, stats)
+                leaves.append(leaf)
+                if self.config.beam_width is not None and level > self.config.exact_levels:
+                    keep = self._beam(leaf, closed_rows)
+                    stats.beam_pruned.append(len(frontier.paths) - len(keep))
+                    frontier, children = self._subset(frontier, keep), children[keep]
+            frontier, reached = self._edges(frontier, children, settle_s=0.0)
+            stats.simulated.append(len(reached))
+            stats.unreachable.append(int((~reached).sum()))
+            frontier = self._subset(frontier, np.flatnonzero(reached))
+            keep = self._merge(frontier)
+            stats.merged.append(len(frontier.paths) - len(keep))
+            frontier = self._subset(frontier, keep)
+        leaves.append(self._close(frontier, stats)[0])
+        stats.leaves = sum(len(leaf.paths) for leaf in leaves)
+        gaits = self._validate(leaves, stats)
+        stats.wall_s = time.perf_counter() - began
+        return SearchResult(gaits, stats)
+
+    def _subset(self, frontier: _Frontier, rows: np.ndarray) -> _Frontier:
+        return _Frontier(
+            frontier.paths[rows], _index_state(frontier.state, rows), frontier.com_m[rows], frontier.turn_rad[rows]
+        )
+
+    def _close(self, frontier: _Frontier, stats: SearchStats) -> tuple[_Frontier, np.ndarray]:
+        """Every node of ``frontier`` back to the rest shape, settled (the leaves), and the
+        frontier rows they close; those that did not reach the rest shape are dropped (counted
+        in ``stats.unclosed``)."""
+        closed, reached = self._edges(frontier, np.zeros((len(frontier.paths), 1), dtype=int), self.config.settle_s)
+        rows = np.flatnonzero(reached)
+        stats.unclosed += int((~reached).sum())
+        return self._subset(closed, rows), rows
+
+    def _beam(self, leaf: _Frontier, closed_rows: np.ndarray) -> np.ndarray:
+        """Frontier rows of the best ``beam_width`` closed gaits per objective."""
+        scores = self._scores(leaf)
+        best = {
+            int(closed_rows[r])
+            for k in range(len(OBJECTIVES))
+            for r in np.argsort(-scores[:, k])[: self.config.beam_width]
+        }
+        return np.array(sorted(best), dtype=int)
+
+    def _validate(self, leaves: list[_Frontier], stats: SearchStats) -> dict[str, FoundGait]:
+        """Re-run the best ``validate_top`` leaves per objective as whole gaits from the start."""
+        candidates: dict[tuple[int, ...], None] = {}
+        paths = [leaf.paths[:, :-1] for leaf in leaves]
+        scores = np.concatenate([self._scores(leaf) for leaf in leaves])
+        width = max(p.shape[1] for p in paths)
+        flat = np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=-1) for p in paths])
+        for k in range(len(OBJECTIVES)):
+            for row in np.argsort(-scores[:, k])[: self.config.validate_top]:
+                candidates[tuple(int(i) for i in flat[row] if i >= 0)] = None
+        sequences = list(candidates)
+        n = max(len(s) for s in sequences)
+        targets = np.stack(
+            [np.vstack([self.shapes[list(s)], np.ones((n + 1 - len(s), N_ACTUATED))]) for s in sequences]
+        )
+        outcome = simulate_targets(
+            self.engine,
+            _expand_params(self.params, len(sequences)),
+            self.robot,
+            _repeat_state(self.start, len(sequences)),
+            targets,
+            self.config.transition_timeout_s,
+            final_hold_s=self.config.settle_s,
+        )
+        stats.validated = len(sequences)
+        return {objective: self._best(objective, sequences, outcome) for objective in OBJECTIVES}
+
+    def _best(self, objective: str, sequences: list[tuple[int, ...]], outcome: Outcome) -> FoundGait:
+        values = objective_score(objective, outcome.forward_m, outcome.rotation_rad)
+        values = np.where(outcome.reached, values, -np.inf)
+        best = int(np.argmax(values))
+        finished = np.flatnonzero(outcome.trace.finished[best].numpy())
+        end_s = float(outcome.trace.t_s[finished[0]]) if len(finished) else float(outcome.trace.t_s[-1])
+        return FoundGait(
+            objective=objective,
+            targets=np.vstack([self.shapes[list(sequences[best])], np.ones((1, N_ACTUATED))]),
+            forward_m=float(outcome.forward_m[best]),
+            lateral_m=float(outcome.lateral_m[best]),
+            rotation_rad=float(outcome.rotation_rad[best]),
+            face_steps=int(outcome.faces_changed[best]),
+            duration_s=end_s - self.config.settle_s,
+        )
+
+
+def search_gaits(
+    engine: Engine, params: Params, robot: RobotConfig, start: State, config: GaitSearchConfig
+) -> SearchResult:
+    """Search the best forward, backward, ccw and cw gaits (see the module docstring)."""
+    return GaitSearch(engine, params, robot, start, config).run()

@@ -1,0 +1,208 @@
+"""The ``gaits`` stage: gait search in the identified engine, expansion, smoothing (DESIGN §1.5).
+
+:func:`run_gaits` builds the engine on the robot config with the attachment and
+sysid overlays, searches the best forward, backward, ccw and cw gaits from rest on
+face 0 (:mod:`pipeline.gaits.search`), scores the published Tribar gaits in the same
+engine for comparison, expands the found gaits by symmetry into a straight policy
+(forward cycles) and a turning policy, smooths their transitions
+(re-validated in the engine) and simulates both. It writes ``gaits.json`` (gaits,
+published comparison, search figures), ``policies.json`` (the expanded policies the
+redeploy stage runs) and ``gaits.parquet`` (the gait table).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+import yaml
+from prefect import task
+from prefect.context import TaskRunContext
+
+from pipeline.config import LoadedConfigs, RobotConfig, robot_with_overlay
+from pipeline.gaits.expansion import expand_in_engine
+from pipeline.gaits.outcome import Outcome, simulate_targets
+from pipeline.gaits.published import published_gait
+from pipeline.gaits.search import OBJECTIVES, FoundGait, search_gaits
+from pipeline.gaits.smoothing import Tolerance, smooth_validated
+from pipeline.physics import Engine, Params, RobotModel
+from pipeline.physics.engine import State
+from pipeline.physics.rollout import settle, state_from_caps
+from pipeline.policies import REST_TARGET, Policy, check_policy
+from pipeline.robot_model import reference_prism, resting_on_face
+from storage.files import atomic_write_json
+from storage.layout import Ref, RunLayout, write_manifest
+from storage.tables import write_table
+from storage.tracking import client_for
+from tasks.caching import stage_cache_key
+from tasks.sysid import OVERLAY_FILE as SYSID_OVERLAY
+from tasks.sysid import sysid_robot
+
+STAGE = "gaits"
+STAGE_VERSION = "1"
+GAITS_FILE = "gaits.json"
+POLICIES_FILE = "policies.json"
+TABLE_FILE = "gaits.parquet"
+PUBLISHED = {
+    "rolling": np.vstack([published_gait("rolling")[:2], REST_TARGET]),
+    "ccw": published_gait("ccw"),
+    "cw": published_gait("cw")[:4],
+}
+"""One cycle of each published gait from face 0, ending at rest: the rolling unit (one roll),
+the ccw turn, the first unit of the cw turn."""
+
+
+def identified_robot(configs: LoadedConfigs, attach_ref: Ref, sysid_ref: Ref) -> RobotConfig:
+    """The robot config with the attach stage's and the sysid stage's overlays."""
+    path = Path(sysid_ref.path) / SYSID_OVERLAY
+    return robot_with_overlay(sysid_robot(configs, attach_ref), yaml.safe_load(path.read_text()), path)
+
+
+def rest_start(engine: Engine, params: Params, robot: RobotConfig) -> State:
+    """The robot at rest on face 0 (support triangle 0, 2, 5), settled in ``engine``."""
+    caps = resting_on_face(robot, reference_prism(robot))
+    return settle(engine, params, state_from_caps(engine, params, caps), robot.pid, torch.ones(6), duration_s=1.0)
+
+
+def _figures(outcome: Outcome, row: int = 0) -> dict[str, float]:
+    return {
+        "forward_m": float(outcome.forward_m[row]),
+        "lateral_m": float(outcome.lateral_m[row]),
+        "rotation_deg": math.degrees(float(outcome.rotation_rad[row])),
+        "face_steps": int(outcome.faces_changed[row]),
+        "reached": bool(outcome.reached[row]),
+    }
+
+
+def expanded_policies(
+    configs: LoadedConfigs,
+    engine: Engine,
+    params: Params,
+    robot: RobotConfig,
+    start: State,
+    found: dict[str, FoundGait],
+) -> dict[str, Policy]:
+    """The straight policy (``straight_cycles`` forward cycles) and the turning policy
+    (``turn_cycles`` of the ``turn`` gait), expanded by symmetry in the engine (unsmoothed)."""
+    c = configs.pipeline.gaits
+    timeout_s = configs.pipeline.collect.segment_timeout_s
+    plans = {"straight": ("forward", c.straight_cycles), "turning": (c.turn, c.turn_cycles)}
+    return {
+        name: Policy(
+            f"{name}-{gait}", expand_in_engine(engine, params, robot, start, found[gait].targets, cycles, timeout_s)
+        )
+        for name, (gait, cycles) in plans.items()
+    }
+
+
+def run_gaits(configs: LoadedConfigs, iteration: int, attach_ref: Ref, sysid_ref: Ref) -> tuple[Ref, dict]:
+    """Search, expand, smooth, simulate; write the stage output. Returns the ref and summary."""
+    c = configs.pipeline.gaits
+    robot = identified_robot(configs, attach_ref, sysid_ref)
+    engine = Engine(RobotModel.from_robot(robot), dt=c.search.dt_s)
+    params = Params.from_robot(robot)
+    start = rest_start(engine, params, robot)
+    result = search_gaits(engine, params, robot, start, c.search)
+    timeout_s = configs.pipeline.collect.segment_timeout_s
+
+    published = {}
+    for name, targets in PUBLISHED.items():
+        outcome = simulate_targets(engine, params, robot, start, targets, timeout_s, c.search.settle_s)
+        published[name] = {"targets": targets.tolist(), **_figures(outcome)}
+
+    policies = {}
+    tolerance = Tolerance(c.smoothing_tolerance_m, math.radians(c.smoothing_tolerance_deg))
+    for name, policy in expanded_policies(configs, engine, params, robot, start, result.gaits).items():
+        targets = policy.targets
+        removed = 0
+        if c.smoothing:
+            smoothed, _ = smooth_validated(engine, params, robot, start, targets, timeout_s, tolerance)
+            removed = len(targets) - len(smoothed)
+            targets = smoothed
+        checked = check_policy(robot, Policy(name=policy.name, targets=targets))
+        outcome = simulate_targets(engine, params, robot, start, checked.targets, timeout_s)
+        policies[name] = {
+            "name": checked.name,
+            "policy_id": checked.policy_id,
+            "targets": checked.targets.tolist(),
+            "unsmoothed_targets": policy.targets.tolist(),
+            "targets_removed_by_smoothing": removed,
+            "simulated": _figures(outcome),
+        }
+
+    stage_dir = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign).stage_dir(iteration, STAGE)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    gaits = {
+        "found": {k: _gait_json(g) for k, g in result.gaits.items()},
+        "published": published,
+        "search": result.stats.as_dict(),
+    }
+    atomic_write_json(stage_dir / GAITS_FILE, gaits)
+    atomic_write_json(stage_dir / POLICIES_FILE, policies)
+    write_table(stage_dir / TABLE_FILE, gait_table(result.gaits, published), {"stage": STAGE})
+    summary = _summary(result.gaits, published, policies, result.stats.as_dict())
+    return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary
+
+
+def _gait_json(gait: FoundGait) -> dict[str, object]:
+    return {
+        "targets": gait.targets.tolist(),
+        "forward_m": gait.forward_m,
+        "lateral_m": gait.lateral_m,
+        "rotation_deg": math.degrees(gait.rotation_rad),
+        "face_steps": gait.face_steps,
+        "duration_s": gait.duration_s,
+    }
+
+
+def gait_table(found: dict[str, FoundGait], published: dict[str, dict]) -> pa.Table:
+    """One row per gait, found and published: forward and lateral displacement (m), rotation
+    (deg) and face steps per cycle, simulated in the same engine."""
+    entries = [("found", k, _gait_json(g)) for k, g in found.items()]
+    entries += [("published", k, p) for k, p in published.items()]
+    columns = ["forward_m", "lateral_m", "rotation_deg", "face_steps"]
+    table = {"source": [e[0] for e in entries], "gait": [e[1] for e in entries]}
+    table.update({c: [e[2][c] for e in entries] for c in columns})
+    return pa.table(table)
+
+
+def _summary(found: dict[str, FoundGait], published: dict, policies: dict, search: dict) -> dict[str, object]:
+    summary: dict[str, object] = {
+        "search_wall_s": search["wall_s"],
+        "search_simulated": search["simulated"],
+        "search_pruned": search["pruned"],
+    }
+    for objective in OBJECTIVES:
+        gait = found[objective]
+        summary[f"{objective}.forward_m"] = gait.forward_m
+        summary[f"{objective}.rotation_deg"] = math.degrees(gait.rotation_rad)
+    for name, figures in published.items():
+        summary[f"published.{name}.forward_m"] = figures["forward_m"]
+        summary[f"published.{name}.rotation_deg"] = figures["rotation_deg"]
+    for name, policy in policies.items():
+        summary[f"policy.{name}.forward_m"] = policy["simulated"]["forward_m"]
+        summary[f"policy.{name}.rotation_deg"] = policy["simulated"]["rotation_deg"]
+        summary[f"policy.{name}.targets_removed_by_smoothing"] = policy["targets_removed_by_smoothing"]
+    return summary
+
+
+def _cache_key(context: TaskRunContext, parameters: dict) -> str:
+    inputs = {k: parameters[f"{k}_ref"] for k in ("attach", "sysid")}
+    return stage_cache_key(STAGE, STAGE_VERSION, parameters["configs"], parameters["iteration"], inputs)
+
+
+@task(name=STAGE, cache_key_fn=_cache_key, persist_result=True, result_serializer="json")
+def gaits(
+    configs: LoadedConfigs, iteration: int, mlflow_run_id: str, attach_ref: dict[str, str], sysid_ref: dict[str, str]
+) -> dict[str, str]:
+    """Prefect task: run :func:`run_gaits`; log the gait table and search figures to MLflow."""
+    ref, summary = run_gaits(configs, iteration, Ref.from_json(attach_ref), Ref.from_json(sysid_ref))
+    client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
+    for key, value in summary.items():
+        client.log_metric(mlflow_run_id, f"{STAGE}.{key}", float(value), step=iteration)
+    for name in (GAITS_FILE, POLICIES_FILE, TABLE_FILE):
+        client.log_artifact(mlflow_run_id, str(Path(ref.path) / name), artifact_path=STAGE)
+    return ref.to_json()

@@ -1,0 +1,88 @@
+"""Gait search, the published gaits in the engine, and the gaits stage's outputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import GaitSearchConfig
+from pipeline.gaits.outcome import simulate_targets
+from pipeline.gaits.published import published_gait
+from pipeline.gaits.search import OBJECTIVES, objective_score, search_gaits, search_shapes
+from pipeline.physics import Engine, Params, RobotModel
+from pipeline.policies import REST_TARGET
+from tasks.gaits import PUBLISHED, rest_start
+
+
+@pytest.fixture(scope="module")
+def default_engine(default_configs):
+    robot = default_configs.robot
+    engine = Engine(RobotModel.from_robot(robot), dt=0.005)
+    params = Params.from_robot(robot)
+    return engine, params, rest_start(engine, params, robot)
+
+
+def test_search_shapes_are_the_repaired_binary_shapes(default_configs) -> None:
+    shapes = search_shapes(default_configs.robot)
+    assert len(shapes) == 64 and np.array_equal(shapes[0], np.ones(6))
+    assert len(np.unique(shapes.round(9), axis=0)) == 64
+    assert set(np.unique(shapes.round(6))) == {0.0, 0.9, 1.0}  # 1 -> 0.9 where a side cannot close
+    # [0, 0, 1] on a side is the infeasible pattern (seed 002): its 1 is shortened
+    repaired = shapes[(shapes[:, :3] > 0.5).sum(1) == 1][:, :3]
+    assert repaired.max() == pytest.approx(0.9)
+
+
+def test_published_gaits_move_in_their_published_sense(default_configs, default_engine) -> None:
+    """Default parameters: the rolling gait rolls forward (along the heading) onto new faces, the
+    ccw gait turns counter-clockwise, the cw gait (extended over three faces by symmetry) clockwise."""
+    engine, params, start = default_engine
+    robot = default_configs.robot
+    targets = [np.vstack([published_gait(g), REST_TARGET]) for g in ("rolling", "ccw", "cw")]
+    n = max(len(t) for t in targets)
+    padded = np.stack([np.vstack([t, np.ones((n - len(t), 6))]) for t in targets])
+    batch = Params(**{k: v.expand(3).clone() for k, v in params.as_dict().items()})
+    starts = start.index(torch.zeros(3, dtype=torch.long))
+    outcome = simulate_targets(engine, batch, robot, starts, padded, 8.0)
+    rolling, ccw, cw = range(3)
+    assert outcome.forward_m[rolling] > 0.2 and outcome.faces_changed[rolling] != 0
+    assert math.degrees(outcome.rotation_rad[ccw]) > 2.0
+    assert math.degrees(outcome.rotation_rad[cw]) < -5.0
+    assert outcome.reached.all()
+
+
+def test_exhaustive_search_finds_the_best_single_shape_gait(default_configs, default_engine) -> None:
+    """Depth 2 (rest -> shape -> rest) without merging is exhaustive: its answers are the best of
+    every one-shape gait run directly."""
+    engine, params, start = default_engine
+    robot = default_configs.robot
+    config = GaitSearchConfig(depth=2, merge_position_m=0.0, merge_velocity_m_s=0.0, validate_top=64)
+    result = search_gaits(engine, params, robot, start, config)
+    shapes = search_shapes(robot)[1:]
+    direct = simulate_targets(
+        engine,
+        Params(**{k: v.expand(len(shapes)).clone() for k, v in params.as_dict().items()}),
+        robot,
+        start.index(torch.zeros(len(shapes), dtype=torch.long)),
+        np.stack([np.vstack([s, REST_TARGET]) for s in shapes]),
+        config.transition_timeout_s,
+        final_hold_s=config.settle_s,
+    )
+    stats = result.stats
+    assert stats.simulated[0] == 63 and stats.leaves + stats.unclosed == 63 - stats.unreachable[0]
+    assert stats.leaves == int(direct.reached.sum())
+    for objective in OBJECTIVES:
+        scores = np.where(direct.reached, objective_score(objective, direct.forward_m, direct.rotation_rad), -np.inf)
+        found = result.gaits[objective]
+        assert found.score() == pytest.approx(scores.max(), abs=1e-6), objective
+        assert np.allclose(found.targets[0], shapes[int(np.argmax(scores))])
+    assert result.gaits["forward"].forward_m > 0 > result.gaits["backward"].forward_m
+    assert result.gaits["ccw"].rotation_rad > 0 > result.gaits["cw"].rotation_rad
+
+
+def test_published_comparison_cycles_end_at_rest() -> None:
+    for name, targets in PUBLISHED.items():
+        assert np.array_equal(targets[-1], np.ones(6)), name
+    assert len(PUBLISHED["ccw"]) == 4 and len(PUBLISHED["cw"]) == 4 and len(PUBLISHED["rolling"]) == 3
