@@ -21,7 +21,7 @@ from storage.tracking import client_for, finish_run, flatten, iteration_run, log
 from tasks.attach import attach
 from tasks.collect import collect
 from tasks.gaits import gaits
-from tasks.redeploy import redeploy
+from tasks.redeploy import redeploy, redeploy_run
 from tasks.sysid import sysid
 from tasks.track import track
 
@@ -91,10 +91,19 @@ def r2s2r_iteration(
             lambda: sysid(configs, iteration, run_id, ref("collect"), ref("track"), ref("attach"), return_state=True),
         )
         run("gaits", lambda: gaits(configs, iteration, run_id, ref("attach"), ref("sysid"), return_state=True))
-        run(
-            "redeploy",
-            lambda: redeploy(configs, iteration, run_id, ref("attach"), ref("sysid"), ref("gaits"), return_state=True),
-        )
+
+        def redeploy_stage():
+            redeploy_config = configs.pipeline.redeploy
+            futures = []
+            for index in range(len(redeploy_config.policies) * len(redeploy_config.starts)):
+                futures.append(redeploy_run.submit(configs, iteration, ref("attach"), ref("gaits"), index))
+                if not redeploy_config.concurrent_runs:
+                    futures[-1].result()
+            for future in futures:
+                future.result()
+            return redeploy(configs, iteration, run_id, ref("attach"), ref("sysid"), ref("gaits"), return_state=True)
+
+        run("redeploy", redeploy_stage)
     except BaseException:
         finish_run(client, run_id, ok=False)
         raise

@@ -419,6 +419,15 @@ class RedeployConfig(StrictModel):
         min_length=1,
         description="Start poses, each run for every policy (seed 000 Table I: repeatability across starts).",
     )
+    segment_timeout_s: Positive = Field(
+        default=3.0,
+        description="A policy target not reached in this time is given up (s), on the hardware and in the engine.",
+    )
+    concurrent_runs: bool = Field(
+        default=False,
+        description="Submit the runs all at once to the task runner (one hardware instance each: the twin, or "
+        "several robots); false runs them one after another.",
+    )
 
 
 class PipelineConfig(StrictModel):

@@ -19,7 +19,7 @@ from prefect import task
 from prefect.context import TaskRunContext
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.config import CollectConfig, LoadedConfigs, config_hash
+from pipeline.config import LoadedConfigs, config_hash
 from pipeline.hardware import make_robot
 from pipeline.hardware.base import Robot, SensorPacket, StartPose
 from pipeline.plots import top_view_paths
@@ -33,6 +33,7 @@ from storage.trajectory import caps_array, read_trajectory
 
 STAGE = "collect"
 STAGE_VERSION = "1"
+POLICY_FILE = "policy.json"
 log = logging.getLogger(__name__)
 
 
@@ -86,7 +87,7 @@ def run_collect(
     )
     recording = Recording(folder, identity, robot.camera if c.record_frames else None, c.checkpoint_every_s)
     try:
-        record_run(robot, policy, recording, c, show_progress=show_progress)
+        record_run(robot, policy, recording, c.segment_timeout_s, c.record_frames, show_progress=show_progress)
     except BaseException as exc:
         write_manifest(
             stage_dir,
@@ -110,12 +111,13 @@ def record_run(
     robot: Robot,
     policy: Policy,
     recording: Recording,
-    c: CollectConfig,
+    segment_timeout_s: float,
+    record_frames: bool,
     start: StartPose | None = None,
     show_progress: bool = True,
 ) -> None:
-    """Place ``robot`` at ``start``, run ``policy`` and write it into ``recording`` (opened with
-    or without a camera as ``c.record_frames`` says), with ``c``'s segment timeout. If the
+    """Place ``robot`` at ``start``, run ``policy`` and write it into ``recording`` (opened with a
+    camera if ``record_frames``), each target held at most ``segment_timeout_s`` (s). If the
     hardware fails or the run is interrupted, the robot is stopped, what was recorded is kept,
     marked incomplete, and the exception propagates."""
     segments = 0
@@ -129,7 +131,7 @@ def record_run(
             disable=not show_progress,
         ) as bar:
             job = bar.add_task(policy.policy_id, total=len(policy))
-            for packet in robot.execute(policy, c.segment_timeout_s, record_frames=c.record_frames):
+            for packet in robot.execute(policy, segment_timeout_s, record_frames=record_frames):
                 recording.add(packet)
                 if isinstance(packet, SensorPacket) and packet.segment != segments:
                     segments = packet.segment
@@ -161,7 +163,7 @@ def _summarise(truth: pd.DataFrame, policy: Policy, recording: Recording) -> dic
 
 def write_policy_json(folder: Path, name: str, policy_id: str, targets: np.ndarray) -> None:
     """Write ``folder/policy.json``: the policy's name, id and targets (n, 6), atomically."""
-    atomic_write_json(folder / "policy.json", {"name": name, "policy_id": policy_id, "targets": targets.tolist()})
+    atomic_write_json(folder / POLICY_FILE, {"name": name, "policy_id": policy_id, "targets": targets.tolist()})
 
 
 def write_first_frame_plot(stage_dir: Path, folder: Path) -> None:

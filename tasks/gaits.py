@@ -88,7 +88,7 @@ def expanded_policies(
     """The straight policy (``straight_cycles`` forward cycles) and the turning policy
     (``turn_cycles`` of the ``turn`` gait), expanded by symmetry in the engine (unsmoothed)."""
     c = configs.pipeline.gaits
-    timeout_s = configs.pipeline.collect.segment_timeout_s
+    timeout_s = configs.pipeline.redeploy.segment_timeout_s
     plans = {"straight": ("forward", c.straight_cycles), "turning": (c.turn, c.turn_cycles)}
     return {
         name: Policy(
@@ -106,7 +106,7 @@ def run_gaits(configs: LoadedConfigs, iteration: int, attach_ref: Ref, sysid_ref
     params = Params.from_robot(robot)
     start = rest_start(engine, params, robot)
     result = search_gaits(engine, params, robot, start, c.search)
-    timeout_s = configs.pipeline.collect.segment_timeout_s
+    timeout_s = configs.pipeline.redeploy.segment_timeout_s
 
     published = {}
     for name, targets in PUBLISHED.items():

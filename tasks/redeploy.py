@@ -13,8 +13,10 @@ displacement in the start's frame and heading change, mean and std). The recordi
 folders have the collect stage's layout plus ``tracked.parquet``, so the next
 iteration's sysid can read them.
 
-A run whose folder already holds a complete recording and its tracking is not run
-again, so a stage that died mid-way resumes where it stopped.
+A run whose folder already holds a complete recording of the same policy and its
+tracking is not run again, so a stage that died mid-way resumes where it stopped. In
+the flow each run is its own task run (:func:`redeploy_run`) before the stage task
+evaluates them, so a parallel task runner can spread them.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from prefect.context import TaskRunContext
 
 from pipeline.config import LoadedConfigs, RobotConfig, StartPoseConfig, config_hash
 from pipeline.errors import DataError
-from pipeline.gaits.outcome import simulate_targets
+from pipeline.gaits.outcome import heading_change_rad, simulate_targets
 from pipeline.hardware import make_robot
 from pipeline.hardware.base import Robot, StartPose
 from pipeline.physics import Engine, Params, RobotModel
@@ -46,7 +48,7 @@ from storage.tables import write_table
 from storage.tracking import client_for
 from storage.trajectory import caps_array, make_meta, read_trajectory, write_trajectory
 from tasks.caching import stage_cache_key
-from tasks.collect import record_run, write_policy_json
+from tasks.collect import POLICY_FILE, record_run, write_policy_json
 from tasks.gaits import POLICIES_FILE, identified_robot
 from tasks.sysid import sysid_robot
 from tasks.track import TRACKED_FILE, track_recording
@@ -88,18 +90,25 @@ def planned_runs(configs: LoadedConfigs, gaits_ref: Ref, stage_dir: Path) -> lis
     return runs
 
 
-def _complete(folder: Path) -> bool:
-    """Whether ``folder`` holds a complete recording and its tracking."""
-    if not (folder / TRACKED_FILE).is_file() or not (folder / HARDWARE_FILE).is_file():
+def _complete(run: Run) -> bool:
+    """Whether ``run``'s folder holds a complete recording of its policy and its tracking."""
+    folder = run.folder
+    if not all((folder / name).is_file() for name in (TRACKED_FILE, HARDWARE_FILE, POLICY_FILE)):
+        return False
+    if json.loads((folder / POLICY_FILE).read_text()).get("policy_id") != run.policy.policy_id:
         return False
     _, meta = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
     return bool(meta.complete)
 
 
-def execute_run(configs: LoadedConfigs, iteration: int, robot_config: RobotConfig, hardware: Robot, run: Run) -> None:
-    """Record ``run`` on ``hardware`` and track it into its folder (skipped if already complete)."""
-    if _complete(run.folder):
+def execute_run(
+    configs: LoadedConfigs, iteration: int, robot_config: RobotConfig, run: Run, hardware: Robot | None = None
+) -> None:
+    """Record ``run`` on ``hardware`` (the configured backend if None) and track it into its folder;
+    skipped if the folder already holds it."""
+    if _complete(run):
         return
+    hardware = make_robot(configs) if hardware is None else hardware
     run.folder.mkdir(parents=True, exist_ok=True)
     write_policy_json(run.folder, run.policy.name, run.policy.policy_id, run.policy.targets)
     collect = configs.pipeline.collect
@@ -115,7 +124,8 @@ def execute_run(configs: LoadedConfigs, iteration: int, robot_config: RobotConfi
         run.folder, identity, hardware.camera if collect.record_frames else None, collect.checkpoint_every_s
     )
     start = StartPose(run.start.x_m, run.start.y_m, math.radians(run.start.yaw_deg))
-    record_run(hardware, run.policy, recording, collect, start=start, show_progress=False)
+    timeout_s = configs.pipeline.redeploy.segment_timeout_s
+    record_run(hardware, run.policy, recording, timeout_s, collect.record_frames, start=start, show_progress=False)
     tracked, figures = track_recording(robot_config, configs.pipeline.track, run.folder)
     meta = make_meta(
         source="tracked",
@@ -137,11 +147,11 @@ def _wrap_deg(angle_rad: np.ndarray) -> np.ndarray:
 def motion_in_start_frame(caps_m: np.ndarray) -> tuple[float, float, float]:
     """Final centroid displacement (forward along the start heading, lateral; m) and heading
     change (deg, ccw positive, unwrapped) of end caps ``caps_m`` (T, 6, 3)."""
-    headings = np.unwrap(heading_rad(caps_m))
-    forward = np.array([math.cos(headings[0]), math.sin(headings[0])])
+    heading = float(heading_rad(caps_m[0]))
+    forward = np.array([math.cos(heading), math.sin(heading)])
     lateral = np.array([-forward[1], forward[0]])
     displacement = caps_m[-1].mean(0)[:2] - caps_m[0].mean(0)[:2]
-    return float(displacement @ forward), float(displacement @ lateral), math.degrees(headings[-1] - headings[0])
+    return float(displacement @ forward), float(displacement @ lateral), math.degrees(heading_change_rad(caps_m))
 
 
 def replay_runs(
@@ -158,8 +168,10 @@ def replay_runs(
             engine, params, state_from_caps(engine, params, starts_m[rows]), robot.pid, np.ones(6), duration_s=1.0
         )
         outcome = simulate_targets(engine, params, robot, state, runs[rows[0]].policy.targets, timeout_s)
+        finished = outcome.trace.finished.numpy()
         for j, i in enumerate(rows):
-            out[i] = outcome.trace.caps_m[j].numpy()
+            end = int(finished[j].argmax()) if finished[j].any() else finished.shape[1] - 1
+            out[i] = outcome.trace.caps_m[j, : end + 1].numpy()
     return out
 
 
@@ -177,19 +189,20 @@ def run_redeploy(
     stage_dir.mkdir(parents=True, exist_ok=True)
     runs = planned_runs(configs, gaits_ref, stage_dir)
     engines = {"before": sysid_robot(configs, attach_ref), "after": identified_robot(configs, attach_ref, sysid_ref)}
-    hardware = make_robot(configs) if hardware is None else hardware
     try:
         for run in runs:
-            execute_run(configs, iteration, engines["before"], hardware, run)
+            if not _complete(run):
+                hardware = make_robot(configs) if hardware is None else hardware
+                execute_run(configs, iteration, engines["before"], run, hardware)
     except BaseException as exc:
-        done = [r.name for r in runs if _complete(r.folder)]
+        done = [r.name for r in runs if _complete(r)]
         write_manifest(
             stage_dir, STAGE, complete=False, summary={"runs_complete": done, "error": f"{type(exc).__name__}: {exc}"}
         )
         raise
     real = [caps_array(read_trajectory(r.folder / TRACKED_FILE, expect_source="tracked")[0]) for r in runs]
     starts = np.stack([caps[0] for caps in real])
-    timeout_s = configs.pipeline.collect.segment_timeout_s
+    timeout_s = configs.pipeline.redeploy.segment_timeout_s
     dt_s = configs.pipeline.gaits.search.dt_s
     sims = {label: replay_runs(robot, runs, starts, timeout_s, dt_s) for label, robot in engines.items()}
     rod_m = configs.robot.rod.length_m
@@ -253,6 +266,19 @@ def _summary(rows: list[dict], repeatability: dict[str, dict[str, float]]) -> di
         summary[f"gap.{label}.com_error_m"] = float(np.mean([r["com_error_m"] for r in own]))
         summary[f"gap.{label}.heading_error_deg"] = float(np.mean([r["heading_error_deg"] for r in own]))
     return summary
+
+
+@task(name="redeploy-run")
+def redeploy_run(
+    configs: LoadedConfigs, iteration: int, attach_ref: dict[str, str], gaits_ref: dict[str, str], index: int
+) -> str:
+    """Prefect task: execute and track planned run ``index`` (skipped if its folder holds it).
+    One task run per (policy, start), so the flow's task runner can spread them over hardware
+    instances (``redeploy.concurrent_runs``); returns the run's folder name."""
+    stage_dir = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign).stage_dir(iteration, STAGE)
+    run = planned_runs(configs, Ref.from_json(gaits_ref), stage_dir)[index]
+    execute_run(configs, iteration, sysid_robot(configs, Ref.from_json(attach_ref)), run)
+    return run.name
 
 
 def _cache_key(context: TaskRunContext, parameters: dict) -> str:

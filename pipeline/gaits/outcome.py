@@ -21,7 +21,7 @@ from pipeline.gaits.symmetry import bottom_face
 from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
 from pipeline.physics.rollout import Trace, run_policy
-from pipeline.robot_model import heading_rad
+from pipeline.robot_model import heading_rad, principal_axis
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Outcome:
     """Per environment (B,), from its start to the tick it finished (its final hold done):
     ``forward_m`` CoM displacement along the start heading (m),
     ``lateral_m`` along the start heading rotated +90 deg (m), ``rotation_rad`` heading change
-    (rad, ccw positive, unwrapped along the trace), ``start_face`` / ``end_face`` indices into
+    (rad, ccw positive, :func:`heading_change_rad`), ``start_face`` / ``end_face`` indices into
     :data:`~pipeline.gaits.symmetry.FACES`, ``reached`` whether every target was reached before
     its timeout; ``final`` the engine state at the end and ``trace`` the rollout."""
 
@@ -48,6 +48,18 @@ class Outcome:
         return (self.end_face - self.start_face) % 3
 
 
+def heading_change_rad(caps_m: np.ndarray, max_tilt: float = 0.7) -> float:
+    """Heading change (rad, ccw positive) from the first to the last of end caps ``caps_m``
+    (T, 6, 3), unwrapped over the samples whose principal axis is within ``max_tilt`` (its z
+    component) of horizontal: while the robot tips over, the axis can point nearly straight up
+    and its heading is noise, which plain unwrapping would count as whole turns."""
+    axis = principal_axis(caps_m)
+    level = np.abs(axis[:, 2]) < max_tilt
+    level[[0, -1]] = True
+    headings = np.unwrap(heading_rad(caps_m[level]))
+    return float(headings[-1] - headings[0])
+
+
 def summarise(robot: RobotConfig, trace: Trace, targets: torch.Tensor, final_hold_s: float, final: State) -> Outcome:
     """The :class:`Outcome` of a finished rollout ``trace`` of ``targets`` (B, S, 6) whose last
     target was held for ``final_hold_s`` (s)."""
@@ -56,14 +68,14 @@ def summarise(robot: RobotConfig, trace: Trace, targets: torch.Tensor, final_hol
     end = np.where(finished.any(1), finished.argmax(1), caps.shape[1] - 1)
     rows = np.arange(len(caps))
     com = caps.mean(axis=2)[..., :2]
-    headings = np.unwrap(heading_rad(caps), axis=1)
-    forward_dir = np.stack([np.cos(headings[:, 0]), np.sin(headings[:, 0])], axis=-1)
+    start_heading = heading_rad(caps[:, 0])
+    forward_dir = np.stack([np.cos(start_heading), np.sin(start_heading)], axis=-1)
     lateral_dir = np.stack([-forward_dir[:, 1], forward_dir[:, 0]], axis=-1)
     displacement = com[rows, end] - com[:, 0]
     return Outcome(
         forward_m=(displacement * forward_dir).sum(-1),
         lateral_m=(displacement * lateral_dir).sum(-1),
-        rotation_rad=headings[rows, end] - headings[:, 0],
+        rotation_rad=np.array([heading_change_rad(caps[b, : end[b] + 1]) for b in rows]),
         start_face=np.array([bottom_face(c) for c in caps[:, 0]]),
         end_face=np.array([bottom_face(c) for c in caps[rows, end]]),
         reached=_all_reached(robot, trace, targets.detach().numpy(), final_hold_s),
