@@ -77,15 +77,7 @@ def run_collect(
     folder = stage_dir / policy.policy_id
     folder.mkdir(parents=True)
     write_policy_json(folder, policy.name, policy.policy_id, policy.targets)
-    identity = RecordingIdentity(
-        campaign=configs.pipeline.campaign,
-        iteration=iteration,
-        policy_id=policy.policy_id,
-        robot_config_hash=config_hash(configs.robot),
-        sample_rate_hz=configs.robot.pid.control_rate_hz,
-        imu_rods=configs.robot.sensors.imu_rods,
-    )
-    recording = Recording(folder, identity, robot.camera if c.record_frames else None, c.checkpoint_every_s)
+    recording = open_recording(configs, iteration, policy.policy_id, folder, robot)
     try:
         record_run(robot, policy, recording, c.segment_timeout_s, c.record_frames, show_progress=show_progress)
     except BaseException as exc:
@@ -105,6 +97,21 @@ def run_collect(
     _write_plots(stage_dir, folder, caps_array(truth), policy)
     ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
     return ref, summary
+
+
+def open_recording(configs: LoadedConfigs, iteration: int, name: str, folder: Path, robot: Robot) -> Recording:
+    """A recording of run ``name`` of ``iteration`` into ``folder``, with ``robot``'s camera if
+    ``collect.record_frames``, checkpointed every ``collect.checkpoint_every_s``."""
+    c = configs.pipeline.collect
+    identity = RecordingIdentity(
+        campaign=configs.pipeline.campaign,
+        iteration=iteration,
+        policy_id=name,
+        robot_config_hash=config_hash(configs.robot),
+        sample_rate_hz=configs.robot.pid.control_rate_hz,
+        imu_rods=configs.robot.sensors.imu_rods,
+    )
+    return Recording(folder, identity, robot.camera if c.record_frames else None, c.checkpoint_every_s)
 
 
 def record_run(

@@ -31,7 +31,7 @@ import pyarrow as pa
 from prefect import task
 from prefect.context import TaskRunContext
 
-from pipeline.config import LoadedConfigs, RobotConfig, StartPoseConfig, config_hash
+from pipeline.config import LoadedConfigs, RobotConfig, StartPoseConfig
 from pipeline.errors import DataError
 from pipeline.gaits.outcome import heading_change_rad, simulate_targets
 from pipeline.hardware import make_robot
@@ -43,15 +43,15 @@ from pipeline.policies import Policy
 from pipeline.robot_model import heading_rad
 from storage.files import atomic_write_bytes, atomic_write_json
 from storage.layout import Ref, RunLayout, write_manifest
-from storage.recording import HARDWARE_FILE, Recording, RecordingIdentity
+from storage.recording import HARDWARE_FILE
 from storage.tables import write_table
 from storage.tracking import client_for
-from storage.trajectory import caps_array, make_meta, read_trajectory, write_trajectory
+from storage.trajectory import caps_array, read_trajectory
 from tasks.caching import stage_cache_key
-from tasks.collect import POLICY_FILE, record_run, write_policy_json
+from tasks.collect import POLICY_FILE, open_recording, record_run, write_policy_json
 from tasks.gaits import POLICIES_FILE, identified_robot
 from tasks.sysid import sysid_robot
-from tasks.track import TRACKED_FILE, track_recording
+from tasks.track import TRACKED_FILE, track_recording, write_tracked
 
 STAGE = "redeploy"
 STAGE_VERSION = "1"
@@ -111,33 +111,13 @@ def execute_run(
     hardware = make_robot(configs) if hardware is None else hardware
     run.folder.mkdir(parents=True, exist_ok=True)
     write_policy_json(run.folder, run.policy.name, run.policy.policy_id, run.policy.targets)
-    collect = configs.pipeline.collect
-    identity = RecordingIdentity(
-        campaign=configs.pipeline.campaign,
-        iteration=iteration,
-        policy_id=run.name,
-        robot_config_hash=config_hash(configs.robot),
-        sample_rate_hz=configs.robot.pid.control_rate_hz,
-        imu_rods=configs.robot.sensors.imu_rods,
-    )
-    recording = Recording(
-        run.folder, identity, hardware.camera if collect.record_frames else None, collect.checkpoint_every_s
-    )
+    recording = open_recording(configs, iteration, run.name, run.folder, hardware)
     start = StartPose(run.start.x_m, run.start.y_m, math.radians(run.start.yaw_deg))
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
-    record_run(hardware, run.policy, recording, timeout_s, collect.record_frames, start=start, show_progress=False)
+    record = configs.pipeline.collect.record_frames
+    record_run(hardware, run.policy, recording, timeout_s, record, start=start, show_progress=False)
     tracked, figures = track_recording(robot_config, configs.pipeline.track, run.folder)
-    meta = make_meta(
-        source="tracked",
-        robot_config_hash=config_hash(robot_config),
-        campaign=configs.pipeline.campaign,
-        iteration=iteration,
-        policy_id=run.name,
-        sample_rate_hz=float((len(tracked) - 1) / max(np.ptp(tracked["t"].to_numpy()), 1e-9)),
-        complete=True,
-        tracking=figures,
-    )
-    write_trajectory(run.folder / TRACKED_FILE, tracked, meta)
+    write_tracked(run.folder / TRACKED_FILE, tracked, figures, robot_config, configs, iteration, run.name)
 
 
 def _wrap_deg(angle_rad: np.ndarray) -> np.ndarray:

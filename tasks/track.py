@@ -98,6 +98,29 @@ def track_recording(robot: RobotConfig, config: TrackConfig, folder: Path) -> tu
     }
 
 
+def write_tracked(
+    path: Path,
+    tracked: pd.DataFrame,
+    figures: dict[str, object],
+    robot: RobotConfig,
+    configs: LoadedConfigs,
+    iteration: int,
+    policy_id: str,
+) -> None:
+    """Write tracked rows as a ``source = tracked`` trajectory with the tracker's ``figures``."""
+    meta = make_meta(
+        source="tracked",
+        robot_config_hash=config_hash(robot),
+        campaign=configs.pipeline.campaign,
+        iteration=iteration,
+        policy_id=policy_id,
+        sample_rate_hz=float((len(tracked) - 1) / max(np.ptp(tracked["t"].to_numpy()), 1e-9)),
+        complete=True,
+        tracking=figures,
+    )
+    write_trajectory(path, tracked, meta)
+
+
 def _evaluate(robot: RobotConfig, folder: Path, tracked: pd.DataFrame, centred: bool, out: Path) -> dict[str, float]:
     """Errors against the recording's ground truth (empty without one); writes the error plot."""
     if not (folder / GROUNDTRUTH_FILE).is_file():
@@ -128,17 +151,7 @@ def run_track(configs: LoadedConfigs, iteration: int, collect_ref: Ref) -> tuple
         for folder in recording_folders(collect_ref):
             tracked, figures = track_recording(robot, config, folder)
             out = work / folder.name
-            meta = make_meta(
-                source="tracked",
-                robot_config_hash=config_hash(robot),
-                campaign=configs.pipeline.campaign,
-                iteration=iteration,
-                policy_id=folder.name,
-                sample_rate_hz=float((len(tracked) - 1) / max(np.ptp(tracked["t"].to_numpy()), 1e-9)),
-                complete=True,
-                tracking=figures,
-            )
-            write_trajectory(out / TRACKED_FILE, tracked, meta)
+            write_tracked(out / TRACKED_FILE, tracked, figures, robot, configs, iteration, folder.name)
             atomic_write_bytes(
                 out / "plots" / "top_view.png", top_view_paths(caps_array(tracked), f"tracked: {folder.name}")
             )

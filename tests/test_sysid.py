@@ -242,6 +242,7 @@ def test_sysid_on_the_twin_halves_the_held_out_key_frame_error(tmp_path) -> None
 
     config = write_test_pipeline(tmp_path, campaign="twinsysid", n_targets=40)
     overrides = {f"sysid.{k}": v for k, v in SysidConfig().model_dump(mode="json").items()}
-    summary = r2s2r_iteration(str(config), iteration=1, overrides=overrides)
+    stages = ["collect", "track", "attach", "sysid"]
+    summary = r2s2r_iteration(str(config), iteration=1, overrides=overrides, stages=stages)
     manifest = json.loads((Path(summary["stages"]["sysid"]["ref"]["path"]) / "manifest.json").read_text())
     assert manifest["summary"]["holdout.key_frame_error_reduction_pct"] >= 50.0

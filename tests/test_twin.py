@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.errors import HardwareError
 from pipeline.gaits.symmetry import bottom_face, count_rolls
-from pipeline.hardware.base import FramePacket, GroundTruthPacket, SensorPacket
+from pipeline.hardware.base import FramePacket, GroundTruthPacket, SensorPacket, StartPose
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.policies import Policy, gait_policy, random_policy
 from pipeline.robot_model import cable_lengths_from_poses, heading_rad, quat_to_rotation
@@ -163,3 +163,22 @@ def test_published_turning_gaits_turn_in_their_published_sense(twin) -> None:
     _, _, cw = _gait_outcome(twin, "cw")
     assert ccw > 5.0  # counter-clockwise: heading increases
     assert cw < -5.0
+
+
+def test_reset_places_the_robot_at_a_start_pose(twin) -> None:
+    """The rest pose moved and turned rigidly: same shape and heights, centroid moved by (x, y),
+    heading turned by the yaw; and it stays at rest there."""
+    twin.reset()
+    rest = twin.ground_truth(0.0, 0).caps_m
+    twin.reset(StartPose(0.3, -0.2, np.pi / 2))
+    placed = twin.ground_truth(0.0, 0).caps_m
+    np.testing.assert_allclose(placed[:, 2], rest[:, 2], atol=1e-9)
+    np.testing.assert_allclose(placed.mean(0)[:2] - rest.mean(0)[:2], [0.3, -0.2], atol=1e-9)
+    turn = np.angle(np.exp(1j * (heading_rad(placed) - heading_rad(rest))))
+    assert turn == pytest.approx(np.pi / 2, abs=1e-9)
+    pairwise = np.linalg.norm(placed[:, None] - placed[None], axis=-1)
+    np.testing.assert_allclose(pairwise, np.linalg.norm(rest[:, None] - rest[None], axis=-1), atol=1e-9)
+    packets = twin.execute(Policy("hold", np.ones((1, 6))), segment_timeout_s=2.0, record_frames=False)
+    truth = [p for p in packets if isinstance(p, GroundTruthPacket)]
+    drift = np.linalg.norm(truth[-1].caps_m - placed, axis=-1).max()
+    assert drift < 0.005
