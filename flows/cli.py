@@ -100,6 +100,31 @@ def iterate(config: ConfigOption = DEFAULT_CONFIG, iteration: IterationOption = 
     _run_iteration(config, iteration, parse_overrides(set_), None)
 
 
+@app.command()
+@user_errors
+def campaign(
+    config: ConfigOption = DEFAULT_CONFIG,
+    iterations: Annotated[int, typer.Option("--iterations", "-n", min=1, help="How many iterations.")] = 2,
+    set_: SetOption = None,
+) -> None:
+    """Run iterations 1..N of the campaign (cached stages reused); print the headline metrics."""
+    overrides = parse_overrides(set_)
+    configs = _load(config, overrides)
+    from flows.campaign import r2s2r_campaign
+
+    result = r2s2r_campaign(str(config.resolve()), iterations, overrides)
+    table = Table(title=f"campaign {configs.pipeline.campaign}")
+    columns = sorted({key for item in result["iterations"] for key in item["headline"]})
+    table.add_column("iteration")
+    for column in columns:
+        table.add_column(column.replace(".", "\n", 1))
+    for item in result["iterations"]:
+        values = [item["headline"].get(c) for c in columns]
+        table.add_row(str(item["iteration"]), *("" if v is None else f"{v:.4g}" for v in values))
+    Console().print(table)
+    Console().print(f"MLflow campaign run: {result['campaign_run_id']}  (view with: r2s2r ui --config {config})")
+
+
 @app.command("import-tribar")
 @user_errors
 def import_tribar(

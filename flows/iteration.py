@@ -1,6 +1,9 @@
 """The ``r2s2r_iteration`` flow: one R2S2R iteration (DESIGN §1, §6).
 
-Stages: ``collect`` -> ``track`` -> ``attach`` -> ``sysid`` -> ``gaits`` -> ``redeploy``. The flow owns the
+Stages: ``collect`` -> ``track`` -> ``attach`` -> ``sysid`` -> ``gaits`` -> ``redeploy``. Iteration
+k > 1 collects iteration k - 1's redeploy runs, reuses iteration 1's attachment overlay (unless
+``attach.every_iteration``) and identifies from the trajectories of every iteration so far (or
+the last ``sysid.data_window``). The flow owns the
 iteration's MLflow run (one per iteration, reused on re-invocation) and hands its
 id to the stage tasks, which log through the client API. A stage that is not
 asked for but whose output a later stage needs is read from disk (its complete
@@ -85,11 +88,21 @@ def r2s2r_iteration(
 
         run("collect", lambda: collect(configs, iteration, run_id, return_state=True))
         run("track", lambda: track(configs, iteration, run_id, ref("collect"), return_state=True))
-        run("attach", lambda: attach(configs, iteration, run_id, ref("track"), ref("collect"), return_state=True))
-        run(
-            "sysid",
-            lambda: sysid(configs, iteration, run_id, ref("collect"), ref("track"), ref("attach"), return_state=True),
-        )
+        if iteration == 1 or configs.pipeline.attach.every_iteration:
+            run("attach", lambda: attach(configs, iteration, run_id, ref("track"), ref("collect"), return_state=True))
+        else:
+            refs["attach"] = existing_ref(layout, 1, "attach").to_json()
+
+        def sysid_stage():
+            window = configs.pipeline.sysid.data_window or iteration
+            earlier = {
+                k: (existing_ref(layout, k, "collect").to_json(), existing_ref(layout, k, "track").to_json())
+                for k in range(max(1, iteration - window + 1), iteration)
+            }
+            inputs = (ref("collect"), ref("track"), ref("attach"))
+            return sysid(configs, iteration, run_id, *inputs, earlier_refs=earlier, return_state=True)
+
+        run("sysid", sysid_stage)
         run("gaits", lambda: gaits(configs, iteration, run_id, ref("attach"), ref("sysid"), return_state=True))
 
         def redeploy_stage():

@@ -247,6 +247,11 @@ class CollectConfig(StrictModel):
     segment_timeout_s: Positive
     record_frames: bool
     checkpoint_every_s: Positive = Field(description="Flush recorded data to disk this often (sim time).")
+    later_iterations: Literal["redeploy", "redeploy_and_random"] = Field(
+        default="redeploy",
+        description="What iteration k > 1 collects: the previous iteration's redeploy runs, and with "
+        "'redeploy_and_random' also a fresh random policy (seed + k - 1).",
+    )
 
 
 class TrackConfig(StrictModel):
@@ -271,6 +276,9 @@ class AttachConfig(StrictModel):
 
     rest_window_s: Positive = Field(
         default=0.1, description="Initial stretch of the recording (s) taken as the rest state (before the motors act)."
+    )
+    every_iteration: bool = Field(
+        default=False, description="Infer the attachment points in every iteration (default: iteration 1's are reused)."
     )
 
 
@@ -336,6 +344,9 @@ class SysidConfig(StrictModel):
         default=2.0, description="KFL: consecutive gaits run as one engine rollout of about this much data (s)."
     )
     settle_s: Positive = Field(default=0.3, description="Settling time of each window's start state (s).")
+    data_window: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="Identify from the trajectories of the last this many iterations (null: all so far)."
+    )
     holdout_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
         default=0.3, description="Last fraction of each trajectory's gaits held out for validation."
     )

@@ -19,6 +19,7 @@ from storage.layout import RunLayout
 
 ITERATION_TAG = "r2s2r.iteration"
 CAMPAIGN_TAG = "r2s2r.campaign"
+CAMPAIGN_RUN_TAG = "r2s2r.campaign_run"
 
 
 def tracking_uri(layout: RunLayout) -> str:
@@ -57,6 +58,17 @@ def iteration_run(client: MlflowClient, layout: RunLayout, iteration: int) -> tu
         exp, run_name=f"iter_{iteration}", tags={ITERATION_TAG: str(iteration), CAMPAIGN_TAG: layout.campaign}
     )
     return run.info.run_id, True
+
+
+def campaign_run(client: MlflowClient, layout: RunLayout) -> str:
+    """Run id of the campaign-level MLflow run (headline metrics at step = iteration), created
+    if needed: one per campaign."""
+    exp = experiment_id(client, layout)
+    found = client.search_runs([exp], filter_string=f"tags.`{CAMPAIGN_RUN_TAG}` = '1'", max_results=1)
+    if found:
+        return found[0].info.run_id
+    tags = {CAMPAIGN_RUN_TAG: "1", CAMPAIGN_TAG: layout.campaign}
+    return client.create_run(exp, run_name=f"campaign_{layout.campaign}", tags=tags).info.run_id
 
 
 def flatten(prefix: str, value: object) -> dict[str, str]:

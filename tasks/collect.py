@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from prefect.context import TaskRunContext
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.config import LoadedConfigs, config_hash
+from pipeline.errors import DataError
 from pipeline.hardware import make_robot
 from pipeline.hardware.base import Robot, SensorPacket, StartPose
 from pipeline.plots import top_view_paths
@@ -27,7 +29,7 @@ from pipeline.policies import Policy, policy_from_name
 from storage.files import atomic_write_bytes, atomic_write_json
 from storage.frames import iter_frames
 from storage.layout import Ref, RunLayout, complete_stage_ref, read_manifest, write_manifest
-from storage.recording import FRAMES_FILE, GROUNDTRUTH_FILE, Recording, RecordingIdentity
+from storage.recording import FRAMES_FILE, GROUNDTRUTH_FILE, HARDWARE_FILE, Recording, RecordingIdentity
 from storage.tracking import client_for
 from storage.trajectory import caps_array, read_trajectory
 
@@ -37,10 +39,12 @@ POLICY_FILE = "policy.json"
 log = logging.getLogger(__name__)
 
 
-def collect_policy(configs: LoadedConfigs) -> Policy:
-    """The policy the collect stage runs, from ``collect.policy`` in the pipeline config."""
+def collect_policy(configs: LoadedConfigs, seed_offset: int = 0) -> Policy:
+    """The policy the collect stage runs, from ``collect.policy`` in the pipeline config (a random
+    policy's seed plus ``seed_offset``, so later iterations get fresh random data)."""
     c = configs.pipeline.collect
-    return policy_from_name(configs.robot, c.policy, c.gait_cycles, c.random.n_targets, c.random.seed, c.random.levels)
+    seed = c.random.seed + seed_offset
+    return policy_from_name(configs.robot, c.policy, c.gait_cycles, c.random.n_targets, seed, c.random.levels)
 
 
 def set_aside_incomplete(stage_dir: Path) -> None:
@@ -57,7 +61,9 @@ def run_collect(
     """Execute the configured policy and write the stage output.
 
     Writes ``<stage>/<policy_id>/{hardware,groundtruth,frames}.parquet``,
-    ``policy.json``, ``plots/*.png`` and the manifest. If the stage already holds a
+    ``policy.json``, ``plots/*.png`` and the manifest. Iteration k > 1 collects iteration
+    k - 1's redeploy runs instead (copied, one folder each), and with
+    ``collect.later_iterations: redeploy_and_random`` a fresh random policy as well. If the stage already holds a
     complete collection it is returned untouched (the hardware is not run). If the
     hardware fails or the run is interrupted, what was recorded is kept, marked
     incomplete, and the exception propagates.
@@ -71,8 +77,22 @@ def run_collect(
         return existing, read_manifest(existing)["summary"]
     if stage_dir.exists():
         set_aside_incomplete(stage_dir)
-    policy = collect_policy(configs)
-    robot = make_robot(configs) if robot is None else robot
+    robot_factory = (lambda: make_robot(configs)) if robot is None else (lambda: robot)
+    summary: dict[str, object] = {}
+    if iteration > 1:
+        summary = _copy_redeploy_runs(layout, iteration, stage_dir)
+    if iteration == 1 or configs.pipeline.collect.later_iterations == "redeploy_and_random":
+        policy = collect_policy(configs, seed_offset=iteration - 1)
+        summary.update(_record_policy(configs, iteration, stage_dir, policy, robot_factory(), show_progress))
+    ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
+    return ref, summary
+
+
+def _record_policy(
+    configs: LoadedConfigs, iteration: int, stage_dir: Path, policy: Policy, robot: Robot, show_progress: bool
+) -> dict[str, object]:
+    """Run ``policy`` on ``robot`` into ``stage_dir/<policy_id>/`` with plots; its summary. On a
+    failure the stage's manifest says incomplete (with the error) and the exception propagates."""
     c = configs.pipeline.collect
     folder = stage_dir / policy.policy_id
     folder.mkdir(parents=True)
@@ -93,10 +113,38 @@ def run_collect(
         )
         raise
     truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
-    summary = _summarise(truth, policy, recording)
     _write_plots(stage_dir, folder, caps_array(truth), policy)
-    ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
-    return ref, summary
+    return _summarise(truth, policy, recording)
+
+
+def _copy_redeploy_runs(layout: RunLayout, iteration: int, stage_dir: Path) -> dict[str, object]:
+    """Iteration ``iteration``'s recordings from the previous iteration's redeploy runs: each run's
+    hardware stream, ground truth, frames and policy copied into ``stage_dir/<run>/`` (written
+    to a temporary folder first, so a failure leaves no half stage)."""
+    source_dir = layout.stage_dir(iteration - 1, "redeploy")
+    previous = complete_stage_ref(source_dir)
+    if previous is None:
+        raise DataError(
+            f"{source_dir}: iteration {iteration} collects iteration {iteration - 1}'s redeploy runs, and that "
+            f"stage is not complete; run iteration {iteration - 1} first"
+        )
+    runs = sorted(p.parent for p in Path(previous.path).glob(f"*/{HARDWARE_FILE}"))
+    if not runs:
+        raise DataError(f"{source_dir}: no redeploy run ({HARDWARE_FILE}) to collect")
+    stage_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{STAGE}-", dir=stage_dir.parent))
+    try:
+        for run in runs:
+            (work / run.name).mkdir()
+            for name in (HARDWARE_FILE, GROUNDTRUTH_FILE, FRAMES_FILE, POLICY_FILE):
+                if (run / name).is_file():
+                    shutil.copy2(run / name, work / run.name / name)
+        work.rename(stage_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    durations = [float(np.ptp(read_trajectory(r / HARDWARE_FILE, expect_source="hardware")[0]["t"])) for r in runs]
+    return {"redeploy_runs": len(runs), "redeploy_duration_s": float(sum(durations))}
 
 
 def open_recording(configs: LoadedConfigs, iteration: int, name: str, folder: Path, robot: Robot) -> Recording:
@@ -205,7 +253,8 @@ def collect(configs: LoadedConfigs, iteration: int, mlflow_run_id: str) -> dict[
     for key, value in summary.items():
         if isinstance(value, int | float):
             client.log_metric(mlflow_run_id, f"{STAGE}.{key}", float(value), step=iteration)
-    client.set_tag(mlflow_run_id, f"{STAGE}.policy_id", str(summary["policy_id"]))
+    if "policy_id" in summary:
+        client.set_tag(mlflow_run_id, f"{STAGE}.policy_id", str(summary["policy_id"]))
     plots = Path(ref.path) / "plots"
     for png in sorted(plots.glob("*.png")):
         client.log_artifact(mlflow_run_id, str(png), artifact_path=STAGE)

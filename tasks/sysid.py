@@ -15,6 +15,7 @@ when the hardware is the twin.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -85,12 +86,19 @@ def run_sysid(
     track_ref: Ref,
     attach_ref: Ref,
     show_progress: bool = True,
+    earlier: dict[int, tuple[Ref, Ref]] | None = None,
 ) -> tuple[Ref, dict[str, object], Identification]:
-    """Identify, validate and write the stage output. Returns the ref, the summary and the result."""
+    """Identify, validate and write the stage output. Returns the ref, the summary and the result.
+
+    ``earlier`` adds the recordings of earlier iterations (iteration -> its collect and track
+    refs), named ``k<iteration>-<policy id>``."""
     config = configs.pipeline.sysid
     timeout_s = configs.pipeline.collect.segment_timeout_s
     robot = sysid_robot(configs, attach_ref)
     recordings = load_recordings(collect_ref, track_ref)
+    for k, (earlier_collect, earlier_track) in sorted((earlier or {}).items()):
+        for name, recording in load_recordings(earlier_collect, earlier_track).items():
+            recordings[f"k{k}-{name}"] = dataclasses.replace(recording, name=f"k{k}-{name}")
     gaits = [g for r in recordings.values() for g in split_gaits(r, robot, timeout_s)]
     if config.monotonic_only:
         gaits = [g for g in gaits if g.monotonic]
@@ -144,6 +152,7 @@ def run_sysid(
     _write_plots(stage_dir, result, replays)
     summary = _summary(config.loss, start, result, gaits, fit, held, replays)
     summary["latency_s"] = robot.pid.latency_s
+    summary["recordings"] = len(recordings)
     summary.update({f"latency_loss.{1000 * k:.0f}ms": v for k, v in latency_scores.items()})
     return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary, result
 
@@ -230,6 +239,8 @@ def truth_errors(configs: LoadedConfigs, values: dict[str, float]) -> dict[str, 
 
 def _cache_key(context: TaskRunContext, parameters: dict) -> str:
     inputs = {k: parameters[f"{k}_ref"] for k in ("collect", "track", "attach")}
+    for k, (collect_ref, track_ref) in sorted((parameters.get("earlier_refs") or {}).items()):
+        inputs.update({f"collect_{k}": collect_ref, f"track_{k}": track_ref})
     return stage_cache_key(STAGE, STAGE_VERSION, parameters["configs"], parameters["iteration"], inputs)
 
 
@@ -241,11 +252,19 @@ def sysid(
     collect_ref: dict[str, str],
     track_ref: dict[str, str],
     attach_ref: dict[str, str],
+    earlier_refs: dict[int, tuple[dict[str, str], dict[str, str]]] | None = None,
 ) -> dict[str, str]:
-    """Prefect task: run :func:`run_sysid`; log values, loss curves, held-out figures, plots and
-    (on the twin) errors against the hidden truth to MLflow; return the ref as JSON."""
+    """Prefect task: run :func:`run_sysid` (with ``earlier_refs``: earlier iterations' collect and
+    track refs); log values, loss curves, held-out figures, plots and (on the twin) errors against
+    the hidden truth to MLflow; return the ref as JSON."""
+    earlier = {int(k): (Ref.from_json(c), Ref.from_json(t)) for k, (c, t) in (earlier_refs or {}).items()}
     ref, summary, result = run_sysid(
-        configs, iteration, Ref.from_json(collect_ref), Ref.from_json(track_ref), Ref.from_json(attach_ref)
+        configs,
+        iteration,
+        Ref.from_json(collect_ref),
+        Ref.from_json(track_ref),
+        Ref.from_json(attach_ref),
+        earlier=earlier,
     )
     client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
     params = {f"{STAGE}.identified.{n}": f"{v:.6g}" for n, v in result.values.items()}
