@@ -125,6 +125,26 @@ def campaign(
     Console().print(f"MLflow campaign run: {result['campaign_run_id']}  (view with: r2s2r ui --config {config})")
 
 
+@app.command()
+@user_errors
+def status(config: ConfigOption = DEFAULT_CONFIG, set_: SetOption = None) -> None:
+    """Show, per iteration and stage, whether the output is cached, stale or missing under this config."""
+    configs = _load(config, parse_overrides(set_))
+    from flows.iteration import STAGES
+    from flows.status import iterations_on_disk, stage_status
+
+    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    table = Table(title=f"campaign {configs.pipeline.campaign}: stage outputs under this config")
+    table.add_column("iteration")
+    for stage in STAGES:
+        table.add_column(stage)
+    colour = {"cached": "green", "stale": "yellow", "missing": "red"}
+    for iteration in iterations_on_disk(layout):
+        states = stage_status(configs, iteration)
+        table.add_row(str(iteration), *(f"[{colour[states[s]]}]{states[s]}[/]" for s in STAGES))
+    Console().print(table)
+
+
 @app.command("import-tribar")
 @user_errors
 def import_tribar(

@@ -17,7 +17,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.runtime import flow_run
 
-from pipeline.config import config_hash, load_all
+from pipeline.config import LoadedConfigs, config_hash, load_all
 from pipeline.errors import DataError
 from storage.layout import Ref, RunLayout, complete_stage_ref
 from storage.tracking import client_for, finish_run, flatten, iteration_run, log_params_once
@@ -38,6 +38,24 @@ def existing_ref(layout: RunLayout, iteration: int, stage: str) -> Ref:
     if ref is None:
         raise DataError(f"{stage_dir}: stage '{stage}' has no complete output for iteration {iteration}; run it first")
     return ref
+
+
+def attach_iteration(configs: LoadedConfigs, iteration: int) -> int:
+    """The iteration whose attachment overlay ``iteration`` uses: its own (iteration 1, or
+    ``attach.every_iteration``) or iteration 1's."""
+    return iteration if iteration == 1 or configs.pipeline.attach.every_iteration else 1
+
+
+def earlier_data_refs(
+    configs: LoadedConfigs, layout: RunLayout, iteration: int
+) -> dict[int, tuple[dict[str, str], dict[str, str]]]:
+    """The collect and track refs (JSON) of the earlier iterations whose trajectories the sysid of
+    ``iteration`` also uses (all so far, or the last ``sysid.data_window`` with this one)."""
+    window = configs.pipeline.sysid.data_window or iteration
+    return {
+        k: (existing_ref(layout, k, "collect").to_json(), existing_ref(layout, k, "track").to_json())
+        for k in range(max(1, iteration - window + 1), iteration)
+    }
 
 
 @flow(name="r2s2r_iteration")
@@ -88,17 +106,13 @@ def r2s2r_iteration(
 
         run("collect", lambda: collect(configs, iteration, run_id, return_state=True))
         run("track", lambda: track(configs, iteration, run_id, ref("collect"), return_state=True))
-        if iteration == 1 or configs.pipeline.attach.every_iteration:
+        if attach_iteration(configs, iteration) == iteration:
             run("attach", lambda: attach(configs, iteration, run_id, ref("track"), ref("collect"), return_state=True))
         else:
-            refs["attach"] = existing_ref(layout, 1, "attach").to_json()
+            refs["attach"] = existing_ref(layout, attach_iteration(configs, iteration), "attach").to_json()
 
         def sysid_stage():
-            window = configs.pipeline.sysid.data_window or iteration
-            earlier = {
-                k: (existing_ref(layout, k, "collect").to_json(), existing_ref(layout, k, "track").to_json())
-                for k in range(max(1, iteration - window + 1), iteration)
-            }
+            earlier = earlier_data_refs(configs, layout, iteration)
             inputs = (ref("collect"), ref("track"), ref("attach"))
             return sysid(configs, iteration, run_id, *inputs, earlier_refs=earlier, return_state=True)
 

@@ -89,12 +89,13 @@ def run_attach(
     return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary
 
 
-def _cache_key(context: TaskRunContext, parameters: dict) -> str:
+def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
+    """The Prefect cache key of this stage for the task parameters ``parameters``."""
     inputs = {"track": parameters["track_ref"], "collect": parameters["collect_ref"]}
     return stage_cache_key(STAGE, STAGE_VERSION, parameters["configs"], parameters["iteration"], inputs)
 
 
-@task(name=STAGE, cache_key_fn=_cache_key, persist_result=True, result_serializer="json")
+@task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
 def attach(
     configs: LoadedConfigs, iteration: int, mlflow_run_id: str, track_ref: dict[str, str], collect_ref: dict[str, str]
 ) -> dict[str, str]:

@@ -239,13 +239,14 @@ def _write_plots(stage_dir: Path, folder: Path, caps: np.ndarray, policy: Policy
     write_first_frame_plot(stage_dir, folder)
 
 
-def _cache_key(context: TaskRunContext, parameters: dict) -> str:
+def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
+    """The Prefect cache key of this stage for the task parameters ``parameters``."""
     configs: LoadedConfigs = parameters["configs"]
     identity = f"{configs.pipeline.runs_dir.resolve()}|{configs.pipeline.campaign}|{parameters['iteration']}"
     return f"{STAGE}-v{STAGE_VERSION}-{hashlib.sha256(identity.encode()).hexdigest()[:24]}"
 
 
-@task(name=STAGE, cache_key_fn=_cache_key, persist_result=True, result_serializer="json")
+@task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
 def collect(configs: LoadedConfigs, iteration: int, mlflow_run_id: str) -> dict[str, str]:
     """Prefect task: run :func:`run_collect`, log it to MLflow, return the ref as JSON."""
     ref, summary = run_collect(configs, iteration)

@@ -189,12 +189,13 @@ def _summary(found: dict[str, FoundGait], published: dict, policies: dict, searc
     return summary
 
 
-def _cache_key(context: TaskRunContext, parameters: dict) -> str:
+def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
+    """The Prefect cache key of this stage for the task parameters ``parameters``."""
     inputs = {k: parameters[f"{k}_ref"] for k in ("attach", "sysid")}
     return stage_cache_key(STAGE, STAGE_VERSION, parameters["configs"], parameters["iteration"], inputs)
 
 
-@task(name=STAGE, cache_key_fn=_cache_key, persist_result=True, result_serializer="json")
+@task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
 def gaits(
     configs: LoadedConfigs, iteration: int, mlflow_run_id: str, attach_ref: dict[str, str], sysid_ref: dict[str, str]
 ) -> dict[str, str]:

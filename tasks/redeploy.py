@@ -261,12 +261,13 @@ def redeploy_run(
     return run.name
 
 
-def _cache_key(context: TaskRunContext, parameters: dict) -> str:
+def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
+    """The Prefect cache key of this stage for the task parameters ``parameters``."""
     inputs = {k: parameters[f"{k}_ref"] for k in ("attach", "sysid", "gaits")}
     return stage_cache_key(STAGE, STAGE_VERSION, parameters["configs"], parameters["iteration"], inputs)
 
 
-@task(name=STAGE, cache_key_fn=_cache_key, persist_result=True, result_serializer="json")
+@task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
 def redeploy(
     configs: LoadedConfigs,
     iteration: int,

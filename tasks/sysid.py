@@ -237,14 +237,15 @@ def truth_errors(configs: LoadedConfigs, values: dict[str, float]) -> dict[str, 
     return out
 
 
-def _cache_key(context: TaskRunContext, parameters: dict) -> str:
+def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
+    """The Prefect cache key of this stage for the task parameters ``parameters``."""
     inputs = {k: parameters[f"{k}_ref"] for k in ("collect", "track", "attach")}
     for k, (collect_ref, track_ref) in sorted((parameters.get("earlier_refs") or {}).items()):
         inputs.update({f"collect_{k}": collect_ref, f"track_{k}": track_ref})
     return stage_cache_key(STAGE, STAGE_VERSION, parameters["configs"], parameters["iteration"], inputs)
 
 
-@task(name=STAGE, cache_key_fn=_cache_key, persist_result=True, result_serializer="json")
+@task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
 def sysid(
     configs: LoadedConfigs,
     iteration: int,

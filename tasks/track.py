@@ -168,12 +168,13 @@ def run_track(configs: LoadedConfigs, iteration: int, collect_ref: Ref) -> tuple
     return Ref(path=str(stage_dir), sha256=ref.sha256), summary
 
 
-def _cache_key(context: TaskRunContext, parameters: dict) -> str:
+def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
+    """The Prefect cache key of this stage for the task parameters ``parameters``."""
     inputs = {"collect": parameters["collect_ref"]}
     return stage_cache_key(STAGE, STAGE_VERSION, parameters["configs"], parameters["iteration"], inputs)
 
 
-@task(name=STAGE, cache_key_fn=_cache_key, persist_result=True, result_serializer="json")
+@task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
 def track(configs: LoadedConfigs, iteration: int, mlflow_run_id: str, collect_ref: dict[str, str]) -> dict[str, str]:
     """Prefect task: run :func:`run_track`, log its figures and plots to MLflow, return the ref as JSON."""
     ref, summary = run_track(configs, iteration, Ref.from_json(collect_ref))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import DEFAULT_PIPELINE, REPO
+from .conftest import DEFAULT_PIPELINE, REPO, write_test_pipeline
 
 
 def _r2s2r(*args: str) -> subprocess.CompletedProcess:
@@ -27,7 +27,7 @@ def _r2s2r(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("command", ["collect", "iterate", "ui"])
+@pytest.mark.parametrize("command", ["collect", "iterate", "campaign", "status", "ui"])
 def test_help(command: str) -> None:
     result = _r2s2r(command, "--help")
     assert result.returncode == 0
@@ -47,6 +47,21 @@ def test_bad_config_is_reported_without_traceback(tmp_path: Path) -> None:
     assert "collect.segment_timeout_s" in result.stderr and str(bad) in result.stderr.replace("\n", "")
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_status_lists_the_iterations_on_disk(tmp_path: Path) -> None:
+    """A campaign with only iteration 2's collect folder (complete manifest, but no stored result
+    under its key): stale; the stages after it are missing."""
+    from storage.layout import write_manifest
+
+    config = write_test_pipeline(tmp_path, campaign="statuscli")
+    stage = tmp_path / "runs" / "statuscli" / "iter_2" / "collect"
+    stage.mkdir(parents=True)
+    write_manifest(stage, "collect", complete=True, summary={})
+    result = _r2s2r("status", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.strip("│ ").startswith("2"))
+    assert row.split("│")[2].strip() == "stale" and row.count("missing") == 5
 
 
 def test_bad_override_and_unknown_option() -> None:

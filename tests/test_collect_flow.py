@@ -10,6 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from flows.iteration import STAGES
+from flows.status import stage_status
 from pipeline.config import load_all, robot_with_overlay
 from pipeline.errors import HardwareError
 from pipeline.hardware.twin import MujocoTwin
@@ -181,6 +183,15 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
         "redeploy/gap.parquet",
         "redeploy/turning-start0.png",
     }
+
+    # status: everything of iteration 1 cached; a new learning rate makes sysid and what follows stale
+    assert stage_status(configs, 1) == dict.fromkeys(STAGES, "cached")
+    changed = load_all(config, {"sysid.lr": 0.05})
+    assert stage_status(changed, 1) == {
+        **dict.fromkeys(("collect", "track", "attach"), "cached"),
+        **dict.fromkeys(("sysid", "gaits", "redeploy"), "stale"),
+    }
+    assert stage_status(configs, 2)["collect"] == "cached" and stage_status(configs, 2)["track"] == "missing"
 
     # a single stage rerun with a changed setting: track recomputes, collect is read from disk
     rerun = r2s2r_iteration(config, iteration=1, stages=["track", "attach"], overrides={"track.gate_m": 0.1})

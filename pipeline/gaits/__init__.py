@@ -1,1 +1,2 @@
-"""Gaits: symmetry maps between faces and the published Tribar gaits."""
+"""Gaits: symmetry of the prism, the published Tribar gaits, the gait search in the engine, expansion
+to long policies, transition smoothing, and what a policy does in the engine."""
