@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.config import LoadedConfigs, load_all
-from pipeline.errors import ConfigError, R2S2RError
+from pipeline.errors import ConfigError, DataError, R2S2RError
 from storage.layout import RunLayout
 
 app = typer.Typer(
@@ -113,16 +113,46 @@ def campaign(
     from flows.campaign import r2s2r_campaign
 
     result = r2s2r_campaign(str(config.resolve()), iterations, overrides)
-    table = Table(title=f"campaign {configs.pipeline.campaign}")
-    columns = sorted({key for item in result["iterations"] for key in item["headline"]})
+    rows = {item["iteration"]: item["headline"] for item in result["iterations"]}
+    Console().print(_headline_table(f"campaign {configs.pipeline.campaign}", rows))
+    Console().print(f"MLflow campaign run: {result['campaign_run_id']}  (view with: r2s2r ui --config {config})")
+
+
+def _headline_table(title: str, rows: dict[int, dict[str, float]]) -> Table:
+    """Iterations (rows) by headline metrics (columns)."""
+    table = Table(title=title)
+    columns = sorted({key for metrics in rows.values() for key in metrics})
     table.add_column("iteration")
     for column in columns:
         table.add_column(column.replace(".", "\n", 1))
-    for item in result["iterations"]:
-        values = [item["headline"].get(c) for c in columns]
-        table.add_row(str(item["iteration"]), *("" if v is None else f"{v:.4g}" for v in values))
-    Console().print(table)
-    Console().print(f"MLflow campaign run: {result['campaign_run_id']}  (view with: r2s2r ui --config {config})")
+    for iteration, metrics in sorted(rows.items()):
+        values = [metrics.get(c) for c in columns]
+        table.add_row(str(iteration), *("" if v is None else f"{v:.4g}" for v in values))
+    return table
+
+
+@app.command()
+@user_errors
+def compare(
+    campaign_name: Annotated[str | None, typer.Argument(help="Campaign (default: the config's).")] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+) -> None:
+    """Print the campaign's iterations side by side: the headline metrics of their MLflow runs."""
+    configs = _load(config, {} if campaign_name is None else {"campaign": campaign_name})
+    from flows.campaign import headline_metrics
+    from storage.tracking import ITERATION_TAG, client_for
+
+    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    client = client_for(layout)
+    experiment = client.get_experiment_by_name(configs.pipeline.campaign)
+    if experiment is None:
+        raise DataError(f"{layout.mlflow_db}: no MLflow experiment for campaign '{configs.pipeline.campaign}'")
+    rows = {
+        int(run.data.tags[ITERATION_TAG]): headline_metrics(run.data.metrics)
+        for run in client.search_runs([experiment.experiment_id])
+        if ITERATION_TAG in run.data.tags
+    }
+    Console().print(_headline_table(f"campaign {configs.pipeline.campaign}", rows))
 
 
 @app.command()

@@ -193,6 +193,19 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     }
     assert stage_status(configs, 2)["collect"] == "cached" and stage_status(configs, 2)["track"] == "missing"
 
+    # the terminal table of the iterations' headline metrics
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    table = CliRunner().invoke(app, ["compare", "--config", config], env={"COLUMNS": "1000"})
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()
+    assert any("gap.after.com_error_m" in line for line in lines)
+    first_row = next(line for line in lines if line.strip("│ ").startswith("1 "))
+    expected = run.data.metrics["redeploy.gap.after.com_error_m"]
+    assert f"{expected:.4g}" in first_row
+
     # a single stage rerun with a changed setting: track recomputes, collect is read from disk
     rerun = r2s2r_iteration(config, iteration=1, stages=["track", "attach"], overrides={"track.gate_m": 0.1})
     assert executions == [1] * 4
