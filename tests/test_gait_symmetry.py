@@ -167,11 +167,9 @@ def test_support_symmetry_finds_the_resting_triangle(default_configs) -> None:
 def test_reversed_rolling_rolls_the_other_way_in_the_engine(default_configs) -> None:
     """Default parameters, dt 0.005. The reversal is the engine's exact symmetry between the two
     support triangles of face 0, (0, 2, 5) and its image (0, 3, 5): each gait from one triangle
-    mirrors the other gait from the other. Measured: from the published start (0, 2, 5) the
-    unit barely moves (-0.007 m, no roll) and the reversed unit rolls backward (-0.203 m, onto
-    face 2); from (0, 3, 5) the unit rolls forward (+0.203 m, onto face 1) and the reversed
-    unit barely moves (+0.007 m). The rolling unit is marginal in this engine (the PID's 20 %
-    dead band stops the roll step early), so which one rolls depends on the start."""
+    mirrors the other gait from the other (displacements flip sign, rotations agree), and the
+    reversed unit from (0, 2, 5) rolls backward onto face 2 while the unit from (0, 3, 5) rolls
+    forward onto face 1."""
     torch.set_num_threads(1)
     robot = default_configs.robot
     engine = Engine(RobotModel.from_robot(robot), dt=0.005)

@@ -159,10 +159,8 @@ class GaitSearch:
     ) -> None:
         self.engine, self.params, self.robot, self.start, self.config = engine, params, robot, start, config
         self.shapes = search_shapes(robot)
-        caps = engine.cap_positions(start).numpy()[0]
-        self.root_com = caps.mean(0)[:2]
-        self.root_heading = float(heading_rad(caps))
-        self.forward_dir = np.array([np.cos(self.root_heading), np.sin(self.root_heading)])
+        heading = float(heading_rad(engine.cap_positions(start).numpy()[0]))
+        self.forward_dir = np.array([np.cos(heading), np.sin(heading)])
 
     def _edges(self, frontier: _Frontier, children: np.ndarray, settle_s: float) -> tuple[_Frontier, np.ndarray]:
         """Simulate each frontier node going to each of its ``children`` (N, C) shape indices (-1:
