@@ -389,6 +389,11 @@ class GaitSearchConfig(StrictModel):
     validate_top: Annotated[int, Field(ge=1)] = Field(
         default=6, description="Best leaves per objective re-run as whole gaits from the start."
     )
+    shards: Annotated[int, Field(ge=1, le=63)] = Field(
+        default=1,
+        description="Split the search by its first shape into this many task runs for the task runner to "
+        "spread (each with the same beam); 1: one run.",
+    )
 
 
 class GaitsConfig(StrictModel):

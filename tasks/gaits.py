@@ -26,7 +26,7 @@ from pipeline.config import LoadedConfigs, RobotConfig, robot_with_overlay
 from pipeline.gaits.expansion import expand_in_engine
 from pipeline.gaits.outcome import Outcome, simulate_targets
 from pipeline.gaits.published import published_gait
-from pipeline.gaits.search import OBJECTIVES, FoundGait, search_gaits
+from pipeline.gaits.search import OBJECTIVES, FoundGait, SearchResult, merge_results, search_gaits
 from pipeline.gaits.smoothing import Tolerance, smooth_validated
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.engine import State
@@ -98,14 +98,37 @@ def expanded_policies(
     }
 
 
-def run_gaits(configs: LoadedConfigs, iteration: int, attach_ref: Ref, sysid_ref: Ref) -> tuple[Ref, dict]:
-    """Search, expand, smooth, simulate; write the stage output. Returns the ref and summary."""
-    c = configs.pipeline.gaits
+def search_setup(configs: LoadedConfigs, attach_ref: Ref, sysid_ref: Ref) -> tuple[RobotConfig, Engine, Params, State]:
+    """The identified robot, its engine (the search's time step), parameters and rest start."""
     robot = identified_robot(configs, attach_ref, sysid_ref)
-    engine = Engine(RobotModel.from_robot(robot), dt=c.search.dt_s)
+    engine = Engine(RobotModel.from_robot(robot), dt=configs.pipeline.gaits.search.dt_s)
     params = Params.from_robot(robot)
-    start = rest_start(engine, params, robot)
-    result = search_gaits(engine, params, robot, start, c.search)
+    return robot, engine, params, rest_start(engine, params, robot)
+
+
+def run_search_shard(configs: LoadedConfigs, attach_ref: Ref, sysid_ref: Ref, shard: int) -> SearchResult:
+    """Shard ``shard`` of the search (of ``gaits.search.shards``) in the identified engine."""
+    search = configs.pipeline.gaits.search
+    robot, engine, params, start = search_setup(configs, attach_ref, sysid_ref)
+    return search_gaits(engine, params, robot, start, search, shard, search.shards)
+
+
+def run_gaits(
+    configs: LoadedConfigs,
+    iteration: int,
+    attach_ref: Ref,
+    sysid_ref: Ref,
+    shard_results: list[SearchResult] | None = None,
+) -> tuple[Ref, dict]:
+    """Search (or take the searched ``shard_results``), expand, smooth, simulate; write the stage
+    output. Returns the ref and summary."""
+    c = configs.pipeline.gaits
+    robot, engine, params, start = search_setup(configs, attach_ref, sysid_ref)
+    if shard_results is None:
+        shard_results = [
+            search_gaits(engine, params, robot, start, c.search, k, c.search.shards) for k in range(c.search.shards)
+        ]
+    result = merge_results(shard_results)
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
 
     published = {}
@@ -195,12 +218,24 @@ def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
     return stage_cache_key(STAGE, STAGE_VERSION, parameters["configs"], parameters["iteration"], inputs)
 
 
+@task(name="gait-search-shard")
+def search_shard(configs: LoadedConfigs, attach_ref: dict[str, str], sysid_ref: dict[str, str], shard: int) -> dict:
+    """Prefect task: one shard of the gait search (:func:`run_search_shard`), as JSON."""
+    return run_search_shard(configs, Ref.from_json(attach_ref), Ref.from_json(sysid_ref), shard).to_json()
+
+
 @task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
 def gaits(
     configs: LoadedConfigs, iteration: int, mlflow_run_id: str, attach_ref: dict[str, str], sysid_ref: dict[str, str]
 ) -> dict[str, str]:
-    """Prefect task: run :func:`run_gaits`; log the gait table and search figures to MLflow."""
-    ref, summary = run_gaits(configs, iteration, Ref.from_json(attach_ref), Ref.from_json(sysid_ref))
+    """Prefect task: run :func:`run_gaits`, its search shards as task runs of their own
+    (:func:`search_shard`) that the task runner can spread; log the gait table and search figures
+    to MLflow."""
+    futures = [
+        search_shard.submit(configs, attach_ref, sysid_ref, k) for k in range(configs.pipeline.gaits.search.shards)
+    ]
+    shards = [SearchResult.from_json(f.result()) for f in futures]
+    ref, summary = run_gaits(configs, iteration, Ref.from_json(attach_ref), Ref.from_json(sysid_ref), shards)
     client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
     for key, value in summary.items():
         client.log_metric(mlflow_run_id, f"{STAGE}.{key}", float(value), step=iteration)

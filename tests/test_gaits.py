@@ -13,7 +13,14 @@ import torch
 from pipeline.config import GaitsConfig, GaitSearchConfig, SysidConfig
 from pipeline.gaits.outcome import simulate_targets
 from pipeline.gaits.published import published_gait
-from pipeline.gaits.search import OBJECTIVES, objective_score, search_gaits, search_shapes
+from pipeline.gaits.search import (
+    OBJECTIVES,
+    SearchResult,
+    merge_results,
+    objective_score,
+    search_gaits,
+    search_shapes,
+)
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.policies import REST_TARGET
 from tasks.gaits import PUBLISHED, rest_start
@@ -82,6 +89,24 @@ def test_exhaustive_search_finds_the_best_single_shape_gait(default_configs, def
         assert np.allclose(found.targets[0], shapes[int(np.argmax(scores))])
     assert result.gaits["forward"].forward_m > 0 > result.gaits["backward"].forward_m
     assert result.gaits["ccw"].rotation_rad > 0 > result.gaits["cw"].rotation_rad
+
+
+def test_sharded_exhaustive_search_gives_the_same_gaits(default_configs, default_engine) -> None:
+    """Split by first shape into three shards (as the gaits stage's task runs do), an exhaustive
+    search merges to the same answer; the result survives its JSON form (task results)."""
+    engine, params, start = default_engine
+    robot = default_configs.robot
+    config = GaitSearchConfig(depth=2, merge_position_m=0.0, merge_velocity_m_s=0.0, validate_top=64)
+    whole = search_gaits(engine, params, robot, start, config)
+    parts = [
+        SearchResult.from_json(search_gaits(engine, params, robot, start, config, k, 3).to_json()) for k in range(3)
+    ]
+    assert sorted(len(p.stats.simulated) and p.stats.simulated[0] for p in parts) == [21, 21, 21]
+    merged = merge_results(parts)
+    assert merged.stats.simulated == whole.stats.simulated and merged.stats.leaves == whole.stats.leaves
+    for objective in OBJECTIVES:
+        assert merged.gaits[objective].score() == pytest.approx(whole.gaits[objective].score(), abs=1e-6)
+        np.testing.assert_array_equal(merged.gaits[objective].targets, whole.gaits[objective].targets)
 
 
 def test_published_comparison_cycles_end_at_rest() -> None:

@@ -31,13 +31,18 @@ backward) and heading change (ccw, cw). The best ``validate_top`` leaves per obj
 are then run again as whole gaits from the start state, one rollout each, exactly as
 the robot would execute them (no pause between targets), and the best validated gait
 is reported with its validated figures.
+
+With ``shards`` > 1 the search splits by first shape into independent searches (each
+with the same depth, exact levels and beam, so the beam keeps more nodes in total) that
+a task runner can spread; :func:`merge_results` combines them. Exhaustive levels give the
+same answer however they are split.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import torch
@@ -107,6 +112,15 @@ class SearchResult:
     gaits: dict[str, FoundGait]
     stats: SearchStats
 
+    def to_json(self) -> dict[str, object]:
+        gaits = {k: {**asdict(g), "targets": g.targets.tolist()} for k, g in self.gaits.items()}
+        return {"gaits": gaits, "stats": asdict(self.stats)}
+
+    @classmethod
+    def from_json(cls, payload: dict) -> SearchResult:
+        gaits = {k: FoundGait(**{**g, "targets": np.asarray(g["targets"], float)}) for k, g in payload["gaits"].items()}
+        return cls(gaits, SearchStats(**payload["stats"]))
+
 
 @dataclass
 class _Frontier:
@@ -155,10 +169,20 @@ class GaitSearch:
     (one environment, at rest on face 0)."""
 
     def __init__(
-        self, engine: Engine, params: Params, robot: RobotConfig, start: State, config: GaitSearchConfig
+        self,
+        engine: Engine,
+        params: Params,
+        robot: RobotConfig,
+        start: State,
+        config: GaitSearchConfig,
+        shard: int = 0,
+        shards: int = 1,
     ) -> None:
+        if not 0 <= shard < shards:
+            raise ValueError(f"shard must be in [0, {shards}), got {shard}")
         self.engine, self.params, self.robot, self.start, self.config = engine, params, robot, start, config
         self.shapes = search_shapes(robot)
+        self.first_shapes = np.arange(1, len(self.shapes))[shard::shards]
         heading = float(heading_rad(engine.cap_positions(start).numpy()[0]))
         self.forward_dir = np.array([np.cos(heading), np.sin(heading)])
 
@@ -231,6 +255,8 @@ class GaitSearch:
             previous = frontier.paths[:, -1] if level > 1 else np.zeros(1, dtype=int)
             children = np.tile(np.arange(1, n_shapes), (len(frontier.paths), 1))
             children[children == previous[:, None]] = -1
+            if level == 1:
+                children = self.first_shapes[None, :]
             if level > 1:
                 leaf, closed_rows = self._close(frontier, stats)
                 leaves.append(leaf)
@@ -320,7 +346,29 @@ class GaitSearch:
 
 
 def search_gaits(
-    engine: Engine, params: Params, robot: RobotConfig, start: State, config: GaitSearchConfig
+    engine: Engine,
+    params: Params,
+    robot: RobotConfig,
+    start: State,
+    config: GaitSearchConfig,
+    shard: int = 0,
+    shards: int = 1,
 ) -> SearchResult:
-    """Search the best forward, backward, ccw and cw gaits (see the module docstring)."""
-    return GaitSearch(engine, params, robot, start, config).run()
+    """Search the best forward, backward, ccw and cw gaits (see the module docstring); with
+    ``shards`` > 1 only the subtrees under every ``shards``-th first shape from ``shard`` on
+    (combine the shards with :func:`merge_results`)."""
+    return GaitSearch(engine, params, robot, start, config, shard, shards).run()
+
+
+def merge_results(results: list[SearchResult]) -> SearchResult:
+    """The shards of one search as one: the best gait per objective, the counts summed level by
+    level (``wall_s``: the shards' total)."""
+    gaits = {o: max((r.gaits[o] for r in results), key=lambda g: g.score()) for o in OBJECTIVES}
+    stats = SearchStats(shapes=results[0].stats.shapes)
+    for name in ("simulated", "unreachable", "merged", "beam_pruned"):
+        per_level = [getattr(r.stats, name) for r in results]
+        width = max(len(levels) for levels in per_level)
+        setattr(stats, name, [sum(levels[i] for levels in per_level if i < len(levels)) for i in range(width)])
+    for name in ("leaves", "unclosed", "validated", "wall_s"):
+        setattr(stats, name, sum(getattr(r.stats, name) for r in results))
+    return SearchResult(gaits, stats)
