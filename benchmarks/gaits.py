@@ -38,8 +38,9 @@ from pipeline.hardware.base import GroundTruthPacket
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.policies import Policy
+from tasks.evaluate import GAP_FILE
 from tasks.gaits import PUBLISHED, rest_start
-from tasks.redeploy import GAP_FILE, motion_in_start_frame
+from tasks.redeploy import motion_in_start_frame
 
 
 def exhaustive_edges(depth: int, shapes: int = 64) -> int:
@@ -117,7 +118,7 @@ def main() -> None:
     figures["gaits"] = gaits
 
     if args.iteration_dir is not None:
-        gap = pd.read_parquet(args.iteration_dir / "redeploy" / GAP_FILE)
+        gap = pd.read_parquet(args.iteration_dir / "evaluate" / GAP_FILE)
         table = gap.groupby(["policy", "engine"])[["com_error_m", "com_error_pct_rod", "heading_error_deg"]].mean()
         figures["gap"] = {f"{p}.{e}": row.to_dict() for (p, e), row in table.iterrows()}
     print(json.dumps(figures, default=float))

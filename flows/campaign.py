@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.iteration import r2s2r_iteration
+from flows.iteration import r2s2r_iteration, with_runner
 from pipeline.config import load_all
 from storage.layout import RunLayout
 from storage.tracking import campaign_run, client_for, finish_run
 
 HEADLINE = (
-    "redeploy.gap.before.com_error_m",
-    "redeploy.gap.after.com_error_m",
-    "redeploy.gap.before.heading_error_deg",
-    "redeploy.gap.after.heading_error_deg",
+    "evaluate.gap.before.com_error_m",
+    "evaluate.gap.after.com_error_m",
+    "evaluate.gap.before.heading_error_deg",
+    "evaluate.gap.after.heading_error_deg",
     "sysid.holdout.before.key_frame_error_mm",
     "sysid.holdout.after.key_frame_error_mm",
     "sysid.final_loss",
@@ -38,16 +38,23 @@ def headline_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 
 @flow(name="r2s2r_campaign")
-def r2s2r_campaign(pipeline_config: str, iterations: int, overrides: dict[str, object] | None = None) -> dict:
+def r2s2r_campaign(
+    pipeline_config: str,
+    iterations: int,
+    overrides: dict[str, object] | None = None,
+    stages: list[str] | None = None,
+) -> dict:
     """Run iterations 1 .. ``iterations`` of the campaign in ``pipeline_config`` (cached stages are
-    reused). Returns the campaign run id and each iteration's summary and headline metrics."""
+    reused; ``stages`` limits each iteration to those, e.g. for a smoke run of a deployment), each
+    with the config's task runner. Returns the campaign run id and each iteration's summary and
+    headline metrics."""
     configs = load_all(pipeline_config, overrides)
     client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
     run_id = campaign_run(client, RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
     summaries = []
     try:
         for k in range(1, iterations + 1):
-            summary = r2s2r_iteration(pipeline_config, k, overrides)
+            summary = with_runner(r2s2r_iteration, configs)(pipeline_config, k, overrides, stages)
             metrics = headline_metrics(client.get_run(summary["mlflow_run_id"]).data.metrics)
             for key, value in metrics.items():
                 client.log_metric(run_id, key, value, step=k)

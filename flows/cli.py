@@ -72,16 +72,28 @@ def _load(config: Path, overrides: dict[str, object]) -> LoadedConfigs:
     return configs
 
 
-def _run_iteration(config: Path, iteration: int, overrides: dict[str, object], stages: list[str] | None) -> None:
+def _run_iteration(
+    config: Path,
+    iteration: int,
+    overrides: dict[str, object],
+    stages: list[str] | None,
+    refresh: list[str] | None = None,
+    hardware: bool = True,
+) -> None:
     configs = _load(config, overrides)
-    from flows.iteration import r2s2r_iteration
+    from flows.iteration import r2s2r_iteration, with_runner
 
-    summary = r2s2r_iteration(str(config.resolve()), iteration, overrides, stages)
+    flow = with_runner(r2s2r_iteration, configs)
+    summary = flow(str(config.resolve()), iteration, overrides, stages, refresh, hardware)
     table = Table(title=f"{configs.pipeline.campaign} iteration {iteration}")
-    for column in ("stage", "output", "cached"):
+    for column in ("stage", "output", "cached", "wall s"):
         table.add_column(column)
     for stage, info in summary["stages"].items():
-        table.add_row(stage, info["ref"]["path"], "yes" if info["cached"] else "no")
+        if "skipped" in info:
+            table.add_row(stage, f"[yellow]not run: {info['skipped']}[/]", "", "")
+        else:
+            wall = f"{info['wall_s']:.1f}" if "wall_s" in info else ""
+            table.add_row(stage, info["ref"]["path"], "yes" if info["cached"] else "no", wall)
     Console().print(table)
     Console().print(f"MLflow run: {summary['mlflow_run_id']}  (view with: r2s2r ui --config {config})")
 
@@ -98,6 +110,31 @@ def collect(config: ConfigOption = DEFAULT_CONFIG, iteration: IterationOption = 
 def iterate(config: ConfigOption = DEFAULT_CONFIG, iteration: IterationOption = 1, set_: SetOption = None) -> None:
     """Run one R2S2R iteration (every stage implemented so far), reusing cached stages."""
     _run_iteration(config, iteration, parse_overrides(set_), None)
+
+
+@app.command()
+@user_errors
+def rerun(
+    stage: Annotated[str, typer.Argument(help="The stage to recompute (collect, track, attach, sysid, ...).")],
+    config: ConfigOption = DEFAULT_CONFIG,
+    iteration: IterationOption = 1,
+    set_: SetOption = None,
+    recollect: Annotated[
+        bool, typer.Option("--recollect", help="Let the stages that drive the hardware (collect, redeploy) run.")
+    ] = False,
+) -> None:
+    """Recompute STAGE of iteration K and what depends on it, reusing cached upstream results.
+
+    The hardware never runs again unless --recollect is given: the recording is kept, and
+    redeploy and evaluate (which need the robot to run the new gaits) are left stale.
+    """
+    from flows.iteration import HARDWARE_STAGES, STAGES
+
+    if stage not in STAGES:
+        raise ConfigError(f"rerun {stage!r}: unknown stage; expected one of {', '.join(STAGES)}")
+    if stage in HARDWARE_STAGES and not recollect:
+        raise ConfigError(f"rerun {stage}: this stage drives the hardware; pass --recollect to run it again")
+    _run_iteration(config, iteration, parse_overrides(set_), None, [stage], recollect)
 
 
 @app.command()
@@ -215,11 +252,15 @@ def import_tribar(
 def ui(
     config: ConfigOption = DEFAULT_CONFIG, port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 5000
 ) -> None:
-    """Serve the MLflow UI for the campaign's runs on http://127.0.0.1:PORT."""
+    """Serve the MLflow UI for the campaign's runs on http://127.0.0.1:PORT (with MLFLOW_TRACKING_URI
+    set to a tracking server: say where that server's UI is)."""
     configs = _load(config, {})
     from storage.tracking import tracking_uri
 
     uri = tracking_uri(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
+    if uri.startswith(("http://", "https://")):  # MLFLOW_TRACKING_URI: a tracking server serves its own UI
+        console.print(f"the runs are on the MLflow server {uri}: its UI is there")
+        return
     console.print(f"MLflow UI on http://127.0.0.1:{port} (Ctrl-C to stop)")
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     subprocess.run(
@@ -227,6 +268,49 @@ def ui(
         env=env,
         check=False,
     )
+
+
+def _prefect_command() -> str:
+    """``prefect`` if that is this environment's, else the full path of this environment's (the worker
+    must run in the environment that has the pipeline installed)."""
+    import shutil
+
+    mine = Path(sys.executable).parent / "prefect"
+    found = shutil.which("prefect")
+    return "prefect" if found is not None and Path(found).resolve() == mine.resolve() else str(mine)
+
+
+@app.command()
+@user_errors
+def deploy(
+    config: ConfigOption = DEFAULT_CONFIG,
+    iterations: Annotated[int, typer.Option("--iterations", "-n", min=1, help="Iterations per run.")] = 1,
+    pool: Annotated[str, typer.Option("--pool", help="Prefect work pool (process; created if missing).")] = "r2s2r",
+    name: Annotated[str | None, typer.Option("--name", help="Deployment name (default: the campaign).")] = None,
+    stages: Annotated[
+        str | None, typer.Option("--stages", help="Comma-separated stages each iteration runs (default: all).")
+    ] = None,
+    set_: SetOption = None,
+) -> None:
+    """Create or update a Prefect deployment of the campaign flow on a running Prefect server (server mode)."""
+    overrides = parse_overrides(set_)
+    configs = _load(config, overrides)
+    from flows.deploy import deploy_campaign
+
+    wanted = None if stages is None else [s.strip() for s in stages.split(",") if s.strip()]
+    info = deploy_campaign(config, iterations, overrides, name or configs.pipeline.campaign, pool, wanted)
+    prefect = _prefect_command()
+    out = Console(highlight=False, soft_wrap=True, markup=False)
+    out.print(f"deployment '{info.full_name}' id {info.deployment_id}")
+    out.print(f"work pool '{info.pool}' (process{', created' if info.pool_created else ''}) on {info.api_url}")
+    out.print(f"parameters: {info.parameters}")
+    mlflow = info.mlflow_tracking_uri or "the local store under the runs folder (MLFLOW_TRACKING_URI unset)"
+    out.print(f"MLflow: {mlflow}")
+    out.print("start a worker (in this folder, PREFECT_API_URL exported):")
+    out.print(f"  {prefect} worker start --pool {info.pool}")
+    out.print("trigger a run:")
+    out.print(f"  {prefect} deployment run '{info.full_name}'")
+    out.print(f"watch it: Prefect UI {info.ui_url}")
 
 
 def main() -> None:

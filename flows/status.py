@@ -14,15 +14,12 @@ local result storage (``<runs>/.prefect/storage`` by default). So, per iteration
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from prefect.settings import get_current_settings
-
 from flows.iteration import STAGES, attach_iteration, earlier_data_refs
 from pipeline.config import LoadedConfigs
 from pipeline.errors import DataError
 from storage.layout import RunLayout, complete_stage_ref
-from tasks import attach, collect, gaits, redeploy, sysid, track
+from tasks import attach, collect, evaluate, gaits, redeploy, sysid, track
+from tasks.caching import is_cached
 
 KEY_FUNCTIONS = {
     "collect": collect.cache_key,
@@ -31,6 +28,7 @@ KEY_FUNCTIONS = {
     "sysid": sysid.cache_key,
     "gaits": gaits.cache_key,
     "redeploy": redeploy.cache_key,
+    "evaluate": evaluate.cache_key,
 }
 INPUTS = {
     "collect": (),
@@ -38,13 +36,9 @@ INPUTS = {
     "attach": ("track", "collect"),
     "sysid": ("collect", "track", "attach"),
     "gaits": ("attach", "sysid"),
-    "redeploy": ("attach", "sysid", "gaits"),
+    "redeploy": ("attach", "gaits"),
+    "evaluate": ("attach", "sysid", "gaits", "redeploy"),
 }
-
-
-def result_storage() -> Path:
-    """Where Prefect stores the stage results (its local result storage)."""
-    return Path(get_current_settings().results.local_storage_path)
 
 
 def iterations_on_disk(layout: RunLayout) -> list[int]:
@@ -56,7 +50,6 @@ def iterations_on_disk(layout: RunLayout) -> list[int]:
 def stage_status(configs: LoadedConfigs, iteration: int) -> dict[str, str]:
     """``cached`` / ``stale`` / ``missing`` for every stage of ``iteration`` (module docstring)."""
     layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
-    storage = result_storage()
     status: dict[str, str] = {}
     refs: dict[str, dict[str, str]] = {}
     for stage in STAGES:
@@ -81,5 +74,5 @@ def stage_status(configs: LoadedConfigs, iteration: int) -> dict[str, str]:
                 status[stage] = "stale"
                 continue
         key = KEY_FUNCTIONS[stage](None, parameters)
-        status[stage] = "cached" if (storage / key).is_file() else "stale"
+        status[stage] = "cached" if is_cached(key) else "stale"
     return status

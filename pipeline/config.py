@@ -446,6 +446,25 @@ class RedeployConfig(StrictModel):
     )
 
 
+class RunnerConfig(StrictModel):
+    """The Prefect task runner that spreads the parallel parts of an iteration (gait-search shards,
+    redeploy runs when ``redeploy.concurrent_runs``)."""
+
+    kind: Literal["threads", "dask", "ray"] = Field(
+        default="threads",
+        description="'threads': a thread pool in the flow's process; 'dask': prefect-dask on a dask.distributed "
+        "cluster; 'ray': prefect-ray (install it first: pip install prefect-ray).",
+    )
+    workers: Annotated[int, Field(ge=1)] = Field(
+        default=2, description="Threads, or the local cluster's worker processes (one thread each)."
+    )
+    address: str | None = Field(
+        default=None,
+        description="Scheduler address of a running cluster (dask: tcp://host:8786, ray: ray://host:10001); "
+        "none starts a local cluster on 127.0.0.1 for the run.",
+    )
+
+
 class PipelineConfig(StrictModel):
     campaign: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
     runs_dir: Path
@@ -458,6 +477,7 @@ class PipelineConfig(StrictModel):
     sysid: SysidConfig = SysidConfig()
     gaits: GaitsConfig = GaitsConfig()
     redeploy: RedeployConfig = RedeployConfig()
+    runner: RunnerConfig = RunnerConfig()
 
     @field_validator("runs_dir", "robot_config", "hardware_config")
     @classmethod

@@ -1,4 +1,5 @@
-"""MLflow tracking helper: SQLite store under the runs folder, explicit run ids.
+"""MLflow tracking helper: SQLite store under the runs folder (or the server in
+``MLFLOW_TRACKING_URI``), explicit run ids.
 
 One experiment per campaign, one run per iteration (tag ``r2s2r.iteration``). The
 client API is used with explicit run ids throughout, because MLflow's fluent API
@@ -22,10 +23,24 @@ CAMPAIGN_TAG = "r2s2r.campaign"
 CAMPAIGN_RUN_TAG = "r2s2r.campaign_run"
 
 
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+"""MLflow's own variable: when set, it replaces the local store (e.g. an ``mlflow server``)."""
+
+
 def tracking_uri(layout: RunLayout) -> str:
-    """``sqlite:///`` URI of the campaign's MLflow database (absolute path)."""
+    """``$MLFLOW_TRACKING_URI`` when set (e.g. ``http://127.0.0.1:5001`` for an ``mlflow server``
+    shared by concurrent flow runs), else the ``sqlite:///`` URI of the campaign's MLflow
+    database under the runs folder (absolute path)."""
+    override = os.environ.get(TRACKING_URI_ENV, "").strip()
+    if override:
+        return override
     layout.runs_dir.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{layout.mlflow_db.resolve()}"
+
+
+def is_server_uri(uri: str) -> bool:
+    """Whether ``uri`` is a tracking server (HTTP), which stores artifacts itself (``mlflow-artifacts:``)."""
+    return uri.startswith(("http://", "https://"))
 
 
 def client_for(layout: RunLayout) -> MlflowClient:
@@ -33,10 +48,13 @@ def client_for(layout: RunLayout) -> MlflowClient:
 
 
 def experiment_id(client: MlflowClient, layout: RunLayout) -> str:
-    """The campaign's experiment, created with an absolute artifact location if new."""
+    """The campaign's experiment, created if new: with an absolute artifact location under the
+    runs folder, or, on a tracking server, where the server keeps artifacts."""
     existing = client.get_experiment_by_name(layout.campaign)
     if existing is not None:
         return existing.experiment_id
+    if is_server_uri(client.tracking_uri):
+        return client.create_experiment(layout.campaign, tags={CAMPAIGN_TAG: layout.campaign})
     artifacts = (layout.mlflow_artifacts / layout.campaign).resolve()
     artifacts.mkdir(parents=True, exist_ok=True)
     return client.create_experiment(

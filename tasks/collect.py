@@ -29,7 +29,14 @@ from pipeline.policies import Policy, policy_from_name
 from storage.files import atomic_write_bytes, atomic_write_json
 from storage.frames import iter_frames
 from storage.layout import Ref, RunLayout, complete_stage_ref, read_manifest, write_manifest
-from storage.recording import FRAMES_FILE, GROUNDTRUTH_FILE, HARDWARE_FILE, Recording, RecordingIdentity
+from storage.recording import (
+    FRAMES_FILE,
+    GROUNDTRUTH_FILE,
+    HARDWARE_FILE,
+    Recording,
+    RecordingIdentity,
+    recover_recording,
+)
 from storage.tracking import client_for
 from storage.trajectory import caps_array, read_trajectory
 
@@ -47,16 +54,20 @@ def collect_policy(configs: LoadedConfigs, seed_offset: int = 0) -> Policy:
     return policy_from_name(configs.robot, c.policy, c.gait_cycles, c.random.n_targets, seed, c.random.levels)
 
 
-def set_aside_incomplete(stage_dir: Path) -> None:
-    """Keep an earlier, unfinished collection by renaming its folder."""
+def set_aside(stage_dir: Path, why: str) -> None:
+    """Keep an earlier stage output (``why``: "incomplete" or "replaced") by renaming its folder."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    target = stage_dir.with_name(f"{stage_dir.name}.incomplete-{stamp}")
+    target = stage_dir.with_name(f"{stage_dir.name}.{why}-{stamp}")
     shutil.move(stage_dir, target)
-    log.warning("earlier incomplete collection kept at %s", target)
+    log.warning("earlier %s stage output kept at %s", why, target)
 
 
 def run_collect(
-    configs: LoadedConfigs, iteration: int, robot: Robot | None = None, show_progress: bool = True
+    configs: LoadedConfigs,
+    iteration: int,
+    robot: Robot | None = None,
+    show_progress: bool = True,
+    fresh: bool = False,
 ) -> tuple[Ref, dict[str, float]]:
     """Execute the configured policy and write the stage output.
 
@@ -64,7 +75,11 @@ def run_collect(
     ``policy.json``, ``plots/*.png`` and the manifest. Iteration k > 1 collects iteration
     k - 1's redeploy runs instead (copied, one folder each), and with
     ``collect.later_iterations: redeploy_and_random`` a fresh random policy as well. If the stage already holds a
-    complete collection it is returned untouched (the hardware is not run). If the
+    complete collection it is returned untouched (the hardware is not run), unless ``fresh``:
+    then that collection is kept aside (``collect.replaced-<time>``) and a new one recorded. An
+    interrupted recording of iteration 1's policy is resumed: it is kept as it is (marked
+    incomplete), and the rest of the policy, from the segment it stopped in, is recorded as a
+    second recording (``<policy>-from<segment>``) from wherever the robot now stands. If the
     hardware fails or the run is interrupted, what was recorded is kept, marked
     incomplete, and the exception propagates.
     Returns the stage ref and a summary of numeric statistics.
@@ -72,20 +87,43 @@ def run_collect(
     layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
     stage_dir = layout.stage_dir(iteration, STAGE)
     existing = complete_stage_ref(stage_dir)
-    if existing is not None:
+    if existing is not None and not fresh:
         log.info("collect: reusing complete recording at %s", stage_dir)
         return existing, read_manifest(existing)["summary"]
-    if stage_dir.exists():
-        set_aside_incomplete(stage_dir)
+    policy = collect_policy(configs, seed_offset=iteration - 1)
+    stopped = stopped_segment(stage_dir, policy) if existing is None and iteration == 1 else None
+    if stage_dir.exists() and stopped is None:
+        set_aside(stage_dir, "incomplete" if existing is None else "replaced")
     robot_factory = (lambda: make_robot(configs)) if robot is None else (lambda: robot)
     summary: dict[str, object] = {}
     if iteration > 1:
         summary = _copy_redeploy_runs(layout, iteration, stage_dir)
-    if iteration == 1 or configs.pipeline.collect.later_iterations == "redeploy_and_random":
-        policy = collect_policy(configs, seed_offset=iteration - 1)
+    if stopped is not None:  # resume: the rest of the policy, from the segment the fault cut short
+        log.warning("collect: resuming %s from segment %d (the partial recording is kept)", policy.policy_id, stopped)
+        rest = Policy(name=f"{policy.name}-from{stopped}", targets=policy.targets[stopped:])
+        if (stage_dir / rest.policy_id).exists():  # an earlier resume that failed too: keep it beside
+            set_aside(stage_dir / rest.policy_id, "incomplete")
+        summary.update(_record_policy(configs, iteration, stage_dir, rest, robot_factory(), show_progress))
+        summary.update({"policy_id": policy.policy_id, "resumed_policy_id": rest.policy_id})
+        summary["resumed_from_segment"] = stopped
+    elif iteration == 1 or configs.pipeline.collect.later_iterations == "redeploy_and_random":
         summary.update(_record_policy(configs, iteration, stage_dir, policy, robot_factory(), show_progress))
     ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
     return ref, summary
+
+
+def stopped_segment(stage_dir: Path, policy: Policy) -> int | None:
+    """The policy segment in which an earlier, interrupted recording of ``policy`` in ``stage_dir``
+    stopped (recovering the parts a killed process left); None if there is no such recording."""
+    folder = stage_dir / policy.policy_id
+    if not folder.is_dir():
+        return None
+    if not (folder / HARDWARE_FILE).is_file():
+        recover_recording(folder)
+    if not (folder / HARDWARE_FILE).is_file():
+        return None
+    data, meta = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
+    return None if meta.complete or data.empty else int(data["segment"].max())
 
 
 def _record_policy(
@@ -242,14 +280,20 @@ def _write_plots(stage_dir: Path, folder: Path, caps: np.ndarray, policy: Policy
 def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
     """The Prefect cache key of this stage for the task parameters ``parameters``."""
     configs: LoadedConfigs = parameters["configs"]
-    identity = f"{configs.pipeline.runs_dir.resolve()}|{configs.pipeline.campaign}|{parameters['iteration']}"
+    iteration = parameters["iteration"]
+    identity = f"{configs.pipeline.runs_dir.resolve()}|{configs.pipeline.campaign}|{iteration}"
+    if iteration > 1:  # the previous iteration's redeploy runs, whose recording is collected
+        layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+        previous = complete_stage_ref(layout.stage_dir(iteration - 1, "redeploy"))
+        identity += f"|{previous.sha256 if previous else 'none'}"
     return f"{STAGE}-v{STAGE_VERSION}-{hashlib.sha256(identity.encode()).hexdigest()[:24]}"
 
 
 @task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
-def collect(configs: LoadedConfigs, iteration: int, mlflow_run_id: str) -> dict[str, str]:
-    """Prefect task: run :func:`run_collect`, log it to MLflow, return the ref as JSON."""
-    ref, summary = run_collect(configs, iteration)
+def collect(configs: LoadedConfigs, iteration: int, mlflow_run_id: str, fresh: bool = False) -> dict[str, str]:
+    """Prefect task: run :func:`run_collect` (``fresh``: record anew even over a complete
+    collection), log it to MLflow, return the ref as JSON."""
+    ref, summary = run_collect(configs, iteration, fresh=fresh)
     client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
     for key, value in summary.items():
         if isinstance(value, int | float):

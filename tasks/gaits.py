@@ -226,16 +226,22 @@ def search_shard(configs: LoadedConfigs, attach_ref: dict[str, str], sysid_ref: 
 
 @task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
 def gaits(
-    configs: LoadedConfigs, iteration: int, mlflow_run_id: str, attach_ref: dict[str, str], sysid_ref: dict[str, str]
+    configs: LoadedConfigs,
+    iteration: int,
+    mlflow_run_id: str,
+    attach_ref: dict[str, str],
+    sysid_ref: dict[str, str],
+    shard_results: list[dict] | None = None,
 ) -> dict[str, str]:
-    """Prefect task: run :func:`run_gaits`, its search shards as task runs of their own
-    (:func:`search_shard`) that the task runner can spread; log the gait table and search figures
-    to MLflow."""
-    futures = [
-        search_shard.submit(configs, attach_ref, sysid_ref, k) for k in range(configs.pipeline.gaits.search.shards)
-    ]
-    shards = [SearchResult.from_json(f.result()) for f in futures]
-    ref, summary = run_gaits(configs, iteration, Ref.from_json(attach_ref), Ref.from_json(sysid_ref), shards)
+    """Prefect task: run :func:`run_gaits` on the search shards' results (JSON, from
+    :func:`search_shard` task runs the flow spread over its task runner; searched here, one
+    after another, if None); log the gait table and search figures to MLflow."""
+    attach, identified = Ref.from_json(attach_ref), Ref.from_json(sysid_ref)
+    if shard_results is None:
+        shards = [run_search_shard(configs, attach, identified, k) for k in range(configs.pipeline.gaits.search.shards)]
+    else:
+        shards = [SearchResult.from_json(result) for result in shard_results]
+    ref, summary = run_gaits(configs, iteration, attach, identified, shards)
     client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
     for key, value in summary.items():
         client.log_metric(mlflow_run_id, f"{STAGE}.{key}", float(value), step=iteration)

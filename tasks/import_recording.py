@@ -18,7 +18,7 @@ from pipeline.config import LoadedConfigs, config_hash
 from pipeline.errors import DataError
 from storage.layout import Ref, RunLayout, complete_stage_ref, write_manifest
 from storage.tribar import Extrinsics, import_tribar, read_tribar_config, source_digest
-from tasks.collect import STAGE, set_aside_incomplete, write_first_frame_plot, write_policy_json
+from tasks.collect import STAGE, set_aside, write_first_frame_plot, write_policy_json
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def run_import(
     name = import_policy_name(src_dir)
     policy_id = f"{name}-{source_digest(src_dir)[:8]}"
     if stage_dir.exists():
-        set_aside_incomplete(stage_dir)
+        set_aside(stage_dir, "incomplete")
     folder = stage_dir / policy_id
     folder.mkdir(parents=True)
     try:

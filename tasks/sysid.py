@@ -7,8 +7,9 @@ the recordings into gaits, holds out the last ``sysid.holdout_fraction`` of each
 identifies ``sysid.parameters`` with the configured loss (KFL by default) and
 replays the engine before (the robot config's values) and after on the held-out
 gaits. It writes ``identified.yaml`` (a robot-config overlay with the identified
-values), ``history.parquet`` (loss, values and gradients per step),
-``validation.json`` and plots. It never reads the twin's hidden configuration;
+values), ``identified.xml`` (a self-contained MuJoCo model of the identified robot,
+:mod:`pipeline.physics.mjcf_export`), ``history.parquet`` (loss, values and gradients per
+step), ``validation.json`` and plots. It never reads the twin's hidden configuration;
 the Prefect task scores the identified values against it, for evaluation only,
 when the hardware is the twin.
 """
@@ -29,6 +30,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from pipeline.config import LoadedConfigs, RobotConfig, robot_with_overlay
 from pipeline.errors import DataError
 from pipeline.physics import Engine, Params, RobotModel
+from pipeline.physics.mjcf_export import identified_mjcf
 from pipeline.physics.params import robot_overlay
 from pipeline.physics.truth import twin_true_params
 from pipeline.plots import replay_paths, sysid_history
@@ -48,18 +50,24 @@ from tasks.caching import stage_cache_key
 from tasks.track import TRACKED_FILE, recording_folders
 
 STAGE = "sysid"
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"
 OVERLAY_FILE = "identified.yaml"
+MJCF_FILE = "identified.xml"
 HISTORY_FILE = "history.parquet"
 
 
 def load_recordings(collect_ref: Ref, track_ref: Ref) -> dict[str, Recording]:
-    """Every recording of the collect stage with its tracked end caps, by policy id."""
+    """Every recording of the collect stage with its tracked end caps, by policy id. A recording
+    that a fault cut short (marked incomplete) is used up to its last finished segment."""
     recordings = {}
     for folder in recording_folders(collect_ref):
         sensors, meta = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
         tracked, _ = read_trajectory(Path(track_ref.path) / folder.name / TRACKED_FILE, expect_source="tracked")
         sensors = sensors[np.isfinite(sensors[CABLE_COLS].to_numpy()).all(axis=1)]
+        if not meta.complete:  # cut short by a fault: its last segment never ended
+            sensors = sensors[sensors["segment"] < sensors["segment"].max()]
+            if len(sensors) < 2:
+                continue
         recordings[folder.name] = Recording(
             name=folder.name,
             t_s=sensors["t"].to_numpy(),
@@ -144,8 +152,9 @@ def run_sysid(
     overlay = robot_overlay(result.values)
     if config.latency_grid_s:
         overlay["pid"] = {"latency_s": robot.pid.latency_s}
-    robot_with_overlay(robot, overlay, stage_dir / OVERLAY_FILE)
+    identified = robot_with_overlay(robot, overlay, stage_dir / OVERLAY_FILE)
     atomic_write_bytes(stage_dir / OVERLAY_FILE, yaml.safe_dump(overlay, sort_keys=False).encode())
+    write_identified_mjcf(stage_dir / MJCF_FILE, identified, config.dt_s)
     write_table(stage_dir / HISTORY_FILE, history_table(result.history), {"loss": config.loss, "stage": STAGE})
     validation = {name: {label: r.metrics("") for label, r in pair.items()} for name, pair in replays.items()}
     atomic_write_json(stage_dir / "validation.json", validation)
@@ -155,6 +164,11 @@ def run_sysid(
     summary["recordings"] = len(recordings)
     summary.update({f"latency_loss.{1000 * k:.0f}ms": v for k, v in latency_scores.items()})
     return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary, result
+
+
+def write_identified_mjcf(path: Path, robot: RobotConfig, timestep_s: float) -> None:
+    """Write the MuJoCo model (MJCF) of ``robot`` with physics step ``timestep_s`` (s) to ``path``, atomically."""
+    atomic_write_bytes(path, identified_mjcf(robot, timestep_s=timestep_s).encode())
 
 
 def with_latency(robot: RobotConfig, latency_s: float) -> RobotConfig:
@@ -285,6 +299,6 @@ def sysid(
             client.log_metric(mlflow_run_id, f"{STAGE}.{key}", value, step=iteration)
     for path in sorted((Path(ref.path) / "plots").glob("*.png")):
         client.log_artifact(mlflow_run_id, str(path), artifact_path=STAGE)
-    for name in (OVERLAY_FILE, HISTORY_FILE, "validation.json"):
+    for name in (OVERLAY_FILE, MJCF_FILE, HISTORY_FILE, "validation.json"):
         client.log_artifact(mlflow_run_id, str(Path(ref.path) / name), artifact_path=STAGE)
     return ref.to_json()

@@ -18,6 +18,7 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from pipeline.config import LoadedConfigs, TwinConfig, load_all  # noqa: E402
+from storage.layout import Ref, RunLayout, write_manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PIPELINE = REPO / "configs" / "pipeline" / "default.yaml"
@@ -100,3 +101,15 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+def empty_overlays(configs: LoadedConfigs, iteration: int) -> dict[str, Ref]:
+    """Attach and sysid stage outputs by hand with empty overlays: the robot config as it is."""
+    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    refs = {}
+    for stage, name in (("attach", "attachment.yaml"), ("sysid", "identified.yaml")):
+        folder = layout.stage_dir(iteration, stage)
+        folder.mkdir(parents=True)
+        (folder / name).write_text("{}\n")
+        refs[stage] = write_manifest(folder, stage, complete=True, summary={})
+    return refs

@@ -34,13 +34,13 @@ def test_two_iteration_campaign_narrows_the_gap(tmp_path: Path) -> None:
 
     gaps = [item["headline"] for item in result["iterations"]]
     for gap in gaps:
-        assert gap["redeploy.gap.after.com_error_m"] < gap["redeploy.gap.before.com_error_m"]
-    assert gaps[1]["redeploy.gap.after.com_error_m"] <= gaps[0]["redeploy.gap.after.com_error_m"] + 0.005
+        assert gap["evaluate.gap.after.com_error_m"] < gap["evaluate.gap.before.com_error_m"]
+    assert gaps[1]["evaluate.gap.after.com_error_m"] <= gaps[0]["evaluate.gap.after.com_error_m"] + 0.005
 
     configs = load_all(config, overrides)
     client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
     runs = client.search_runs([client.get_experiment_by_name("twoiter").experiment_id])
     assert sorted(r.data.tags.get(ITERATION_TAG, "campaign") for r in runs) == ["1", "2", "campaign"]
     campaign = next(r for r in runs if r.data.tags.get(CAMPAIGN_RUN_TAG) == "1")
-    history = client.get_metric_history(campaign.info.run_id, "redeploy.gap.after.com_error_m")
+    history = client.get_metric_history(campaign.info.run_id, "evaluate.gap.after.com_error_m")
     assert [m.step for m in history] == [1, 2]

@@ -27,7 +27,7 @@ def _r2s2r(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("command", ["collect", "iterate", "campaign", "status", "ui"])
+@pytest.mark.parametrize("command", ["collect", "iterate", "rerun", "campaign", "status", "deploy", "ui"])
 def test_help(command: str) -> None:
     result = _r2s2r(command, "--help")
     assert result.returncode == 0

@@ -72,10 +72,28 @@ def test_disconnect_keeps_partial_recording(tmp_path: Path) -> None:
     assert len(hardware) == 65  # 1.3 s at 50 Hz: every packet streamed before the fault
     assert len(list(iter_frames(folder / FRAMES_FILE))) == 7
 
-    # The next attempt keeps the incomplete data aside and records afresh.
-    ref, _ = run_collect(configs, iteration=1, show_progress=False)
+    # The rerun resumes: the partial recording stays as it is, the rest of the policy is recorded
+    # from the segment the fault cut short.
+    stopped = int(hardware["segment"].max())
+    ref, summary = run_collect(configs, iteration=1, show_progress=False)
     assert read_manifest(ref)["complete"] is True
-    assert len(list(stage.parent.glob("collect.incomplete-*"))) == 1
+    assert summary["policy_id"] == folder.name and summary["resumed_from_segment"] == stopped
+    assert not list(stage.parent.glob("collect.incomplete-*"))
+    assert len(read_trajectory(folder / HARDWARE_FILE)[0]) == 65  # untouched
+    rest = stage / summary["resumed_policy_id"]
+    resumed, resumed_meta = read_trajectory(rest / HARDWARE_FILE)
+    targets = json.loads((folder / "policy.json").read_text())["targets"]
+    assert resumed_meta.complete and resumed["segment"].max() == len(targets) - stopped - 1
+    assert json.loads((rest / "policy.json").read_text())["targets"] == targets[stopped:]
+
+    # sysid reads the partial recording up to its last finished segment
+    from tasks.sysid import load_recordings
+    from tasks.track import run_track
+
+    track_ref, _ = run_track(configs, 1, ref)
+    recordings = load_recordings(ref, track_ref)
+    assert set(recordings) == {folder.name, rest.name}
+    assert recordings[folder.name].segment.max() == stopped - 1
 
 
 def test_recover_recording_after_a_killed_process(tmp_path: Path, twin) -> None:
@@ -138,7 +156,7 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert "prefect.flow_run_id" in run.data.tags
 
     # the later stages ran after collect, were cached the second time, and logged to the same run
-    for stage in ("track", "attach", "sysid", "gaits", "redeploy"):
+    for stage in ("track", "attach", "sysid", "gaits", "redeploy", "evaluate"):
         assert first["stages"][stage]["cached"] is False
         assert second["stages"][stage]["cached"] is True
     assert run.data.metrics["track.error_cap_error_mean_mm"] < 10.0  # 320 x 240 test camera
@@ -172,24 +190,40 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     redeploy_dir = Path(first["stages"]["redeploy"]["ref"]["path"])
     runs = sorted(p.name for p in redeploy_dir.iterdir() if (p / "tracked.parquet").is_file())
     assert runs == ["turning-start0", "turning-start1", "turning-start2"]
-    gap = pq.read_table(redeploy_dir / "gap.parquet").to_pandas()
-    assert len(gap) == 3 * 2 and set(gap["engine"]) == {"before", "after"}
-    assert (gap["com_error_m"] >= 0).all() and gap["heading_error_deg"].between(0, 180).all()
     repeatability = json.loads((redeploy_dir / "repeatability.json").read_text())["turning"]
     assert repeatability["runs"] == 3 and repeatability["rotation_deg_std"] >= 0
-    for key in ("gap.before.com_error_m", "gap.after.com_error_m", "repeatability.turning.rotation_deg_mean"):
-        assert f"redeploy.{key}" in run.data.metrics, key
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "redeploy")} >= {
-        "redeploy/gap.parquet",
-        "redeploy/turning-start0.png",
+    assert "redeploy.repeatability.turning.rotation_deg_mean" in run.data.metrics
+    evaluate_dir = Path(first["stages"]["evaluate"]["ref"]["path"])
+    gap = pq.read_table(evaluate_dir / "gap.parquet").to_pandas()
+    assert len(gap) == 3 * 2 and set(gap["engine"]) == {"before", "after"}
+    assert (gap["com_error_m"] >= 0).all() and gap["heading_error_deg"].between(0, 180).all()
+    for key in ("gap.before.com_error_m", "gap.after.com_error_m", "gap.after.turning.heading_error_deg"):
+        assert f"evaluate.{key}" in run.data.metrics, key
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "evaluate")} >= {
+        "evaluate/gap.parquet",
+        "evaluate/summary.md",
+        "evaluate/turning-start0.png",
     }
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "sysid")} >= {"sysid/identified.xml"}
+    # Prefect and MLflow link up: the flow run id as a tag there, the MLflow run id in the summary artifact here
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from tasks.evaluate import artifact_key
+
+    with get_client(sync_client=True) as prefect:
+        key_filter = ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key("flowtest", 1)]))
+        artifacts = prefect.read_artifacts(artifact_filter=key_filter)
+        flow_run = prefect.read_flow_run(run.data.tags["prefect.flow_run_id"])
+    assert artifacts and artifacts[0].type == "markdown" and first["mlflow_run_id"] in artifacts[0].data
+    assert flow_run.name and artifacts[0].flow_run_id is not None
 
     # status: everything of iteration 1 cached; a new learning rate makes sysid and what follows stale
     assert stage_status(configs, 1) == dict.fromkeys(STAGES, "cached")
     changed = load_all(config, {"sysid.lr": 0.05})
     assert stage_status(changed, 1) == {
         **dict.fromkeys(("collect", "track", "attach"), "cached"),
-        **dict.fromkeys(("sysid", "gaits", "redeploy"), "stale"),
+        **dict.fromkeys(("sysid", "gaits", "redeploy", "evaluate"), "stale"),
     }
     assert stage_status(configs, 2)["collect"] == "cached" and stage_status(configs, 2)["track"] == "missing"
 
@@ -203,12 +237,31 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     lines = table.output.splitlines()
     assert any("gap.after.com_error_m" in line for line in lines)
     first_row = next(line for line in lines if line.strip("│ ").startswith("1 "))
-    expected = run.data.metrics["redeploy.gap.after.com_error_m"]
+    expected = run.data.metrics["evaluate.gap.after.com_error_m"]
     assert f"{expected:.4g}" in first_row
 
-    # a single stage rerun with a changed setting: track recomputes, collect is read from disk
-    rerun = r2s2r_iteration(config, iteration=1, stages=["track", "attach"], overrides={"track.gate_m": 0.1})
-    assert executions == [1] * 4
-    assert set(rerun["stages"]) == {"track", "attach"}
-    assert rerun["stages"]["track"]["cached"] is False
-    assert rerun["stages"]["attach"]["cached"] is False  # its input changed
+    # r2s2r rerun sysid with a new learning rate: collect, track and attach are reused (no hardware,
+    # no tracking), sysid and gaits recomputed; redeploy and evaluate are left stale (the robot would
+    # have to run the new gaits)
+    import tasks.track
+
+    tracking = []
+    original_track = tasks.track.track_recording
+
+    def counting_track(*args, **kwargs):
+        tracking.append(1)
+        return original_track(*args, **kwargs)
+
+    monkeypatch.setattr(tasks.track, "track_recording", counting_track)
+    command = ["rerun", "sysid", "--config", config, "--iteration", "1", "--set", "sysid.lr=0.05"]
+    result = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert executions == [1] * 4 and tracking == []
+    assert "needs the hardware" in result.output
+    assert stage_status(changed, 1) == {
+        **dict.fromkeys(("collect", "track", "attach", "sysid", "gaits"), "cached"),
+        **dict.fromkeys(("redeploy", "evaluate"), "stale"),
+    }
+    assert stage_status(configs, 1)["sysid"] == "stale"  # its folder now holds the lr = 0.05 output
+    refused = CliRunner().invoke(app, ["rerun", "collect", "--config", config])
+    assert refused.exit_code == 2 and "--recollect" in refused.output

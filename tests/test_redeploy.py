@@ -1,4 +1,5 @@
-"""The redeploy stage on its own: runs from three starts, the gap table, a hardware fault, resuming."""
+"""The redeploy and evaluate stages on their own: runs from three starts, a hardware fault, resuming,
+the gap table and the iteration summary."""
 
 from __future__ import annotations
 
@@ -17,21 +18,17 @@ from pipeline.policies import REST_TARGET, Policy
 from storage.files import atomic_write_json
 from storage.layout import RunLayout, read_manifest, write_manifest
 from storage.trajectory import read_trajectory
+from tasks.evaluate import GAP_FILE, SUMMARY_FILE, run_evaluate
 from tasks.gaits import POLICIES_FILE
-from tasks.redeploy import GAP_FILE, REPEATABILITY_FILE, run_redeploy
-from tests.conftest import small_twin, write_test_pipeline
+from tasks.redeploy import REPEATABILITY_FILE, RUNS_FILE, recorded_runs, run_redeploy, set_aside_other_runs
+from tests.conftest import empty_overlays, small_twin, write_test_pipeline
 
 
 def _inputs(configs, iteration: int):
     """Attach, sysid and gaits stage outputs by hand: no overlays (the robot config as it is) and
     the published ccw turn as the turning policy."""
     layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
-    refs = {}
-    for stage, name in (("attach", "attachment.yaml"), ("sysid", "identified.yaml")):
-        folder = layout.stage_dir(iteration, stage)
-        folder.mkdir(parents=True)
-        (folder / name).write_text("{}\n")
-        refs[stage] = write_manifest(folder, stage, complete=True, summary={})
+    refs = empty_overlays(configs, iteration)
     folder = layout.stage_dir(iteration, "gaits")
     folder.mkdir(parents=True)
     turn = Policy("turning-ccw", np.vstack([published_gait("ccw"), REST_TARGET]))
@@ -45,7 +42,7 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     refs = _inputs(configs, 1)
     twin = small_twin(configs.twin)
     with pytest.raises(HardwareError, match="connection lost"):
-        run_redeploy(configs, 1, refs["attach"], refs["sysid"], refs["gaits"], MujocoTwin(configs.robot, twin, 1.0))
+        run_redeploy(configs, 1, refs["attach"], refs["gaits"], MujocoTwin(configs.robot, twin, 1.0))
     stage = Path(refs["gaits"].path).parent / "redeploy"
     manifest = json.loads((stage / "manifest.json").read_text())
     assert manifest["complete"] is False and "connection lost" in manifest["summary"]["error"]
@@ -61,10 +58,16 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
         yield from original(*args, **kwargs)
 
     hardware.execute = counting
-    ref, summary = run_redeploy(configs, 1, refs["attach"], refs["sysid"], refs["gaits"], hardware)
+    ref, summary = run_redeploy(configs, 1, refs["attach"], refs["gaits"], hardware)
     assert len(executions) == 3
     assert read_manifest(ref)["complete"] is True
-    gap = pd.read_parquet(stage / GAP_FILE)
+    assert [run.name for run in recorded_runs(ref)] == [f"turning-start{k}" for k in range(3)]
+    assert (
+        json.loads((stage / RUNS_FILE).read_text())[1]["start"]["yaw_deg"]
+        == configs.pipeline.redeploy.starts[1].yaw_deg
+    )
+    evaluated, gap_summary = run_evaluate(configs, 1, refs["attach"], refs["sysid"], refs["gaits"], ref)
+    gap = pd.read_parquet(Path(evaluated.path) / GAP_FILE)
     assert sorted(gap["start"].unique()) == [0, 1, 2] and set(gap["engine"]) == {"before", "after"}
     # no overlays: "before" and "after" are the same engine, so the same gap
     before, after = (gap[gap["engine"] == e].sort_values("start") for e in ("before", "after"))
@@ -73,7 +76,17 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     assert (real > 0).all()  # the published ccw turn turns the twin counter-clockwise from every start
     repeatability = json.loads((stage / REPEATABILITY_FILE).read_text())["turning"]
     assert repeatability["rotation_deg_mean"] == pytest.approx(real.mean())
-    assert summary["gap.after.com_error_m"] == pytest.approx(after["com_error_m"].mean())
+    assert summary["repeatability.turning.rotation_deg_mean"] == pytest.approx(real.mean())
+    assert gap_summary["gap.after.com_error_m"] == pytest.approx(after["com_error_m"].mean())
+    assert gap_summary["gap.after.turning.com_error_m"] == pytest.approx(after["com_error_m"].mean())
+    markdown = (Path(evaluated.path) / SUMMARY_FILE).read_text()
+    assert f"| turning | {before['com_error_m'].mean():.3f} → {after['com_error_m'].mean():.3f} |" in markdown
 
-    run_redeploy(configs, 1, refs["attach"], refs["sysid"], refs["gaits"], hardware)
+    run_redeploy(configs, 1, refs["attach"], refs["gaits"], hardware)
     assert len(executions) == 3  # every run already recorded: nothing runs again
+
+    # new gaits: the recorded runs are kept aside, never overwritten
+    set_aside_other_runs(configs, 1, refs["gaits"])
+    assert stage.is_dir()  # same policies: nothing moved
+    set_aside_other_runs(configs, 1, refs["gaits"], fresh=True)
+    assert not stage.exists() and len(list(stage.parent.glob("redeploy.replaced-*"))) == 1

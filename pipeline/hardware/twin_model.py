@@ -53,17 +53,12 @@ def camera_axes(camera: CameraConfig) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return right, up, forward
 
 
-def build_twin_xml(robot: RobotConfig, twin: TwinConfig) -> TwinModelSpec:
-    """MJCF of the robot resting on face (0, 2, 5) of its reference prism."""
-    caps = resting_on_face(robot, reference_prism(robot))
-    caps[:, 2] += 0.002
-    centres, rotations = rod_frames(robot, caps)
-    cables = build_cables(robot, twin.attachment_phase_rad)
+def rod_bodies_xml(robot: RobotConfig, cables: list[Cable], centres: np.ndarray, rotations: np.ndarray) -> str:
+    """MJCF ``<body>`` elements of the three rods, each a free body at ``centres`` (3, 3) m with
+    orientation ``rotations`` (3, 3, 3): a capsule, two end-cap spheres (``cap<i>``), two motor
+    cylinders and a site ``cable<j>_a``/``cable<j>_b`` at each cable end on it. Masses (kg) and
+    sizes (m) come from ``robot``; MuJoCo derives each rod's inertia from its geoms."""
     half = robot.rod.length_m / 2
-    g = twin.ground
-    cam = twin.camera
-    right, up, _ = camera_axes(cam)
-
     bodies = []
     for i, (a, b) in enumerate(robot.topology.rods):
         colour = _fmt(ROD_COLOURS[i])
@@ -92,6 +87,20 @@ def build_twin_xml(robot: RobotConfig, twin: TwinConfig) -> TwinModelSpec:
       {"".join(sites)}
     </body>"""
         )
+    return "".join(bodies)
+
+
+def build_twin_xml(robot: RobotConfig, twin: TwinConfig) -> TwinModelSpec:
+    """MJCF of the robot resting on face (0, 2, 5) of its reference prism."""
+    caps = resting_on_face(robot, reference_prism(robot))
+    caps[:, 2] += 0.002
+    centres, rotations = rod_frames(robot, caps)
+    cables = build_cables(robot, twin.attachment_phase_rad)
+    g = twin.ground
+    cam = twin.camera
+    right, up, _ = camera_axes(cam)
+
+    bodies = rod_bodies_xml(robot, cables, centres, rotations)
     tendons = "\n".join(
         f'    <spatial name="cable{c.index}" width="0.0015" rgba="0.9 0.9 0.9 1">'
         f'<site site="cable{c.index}_a"/><site site="cable{c.index}_b"/></spatial>'
@@ -123,7 +132,7 @@ def build_twin_xml(robot: RobotConfig, twin: TwinConfig) -> TwinModelSpec:
     <geom name="ground" type="plane" size="0 0 1" material="floor"/>
     <camera name="rgbd" mode="fixed" pos="{_fmt(cam.position_m)}" xyaxes="{_fmt(right)} {_fmt(up)}"
             fovy="{cam.fovy_deg:.9g}"/>
-{"".join(bodies)}
+{bodies}
   </worldbody>
   <tendon>
 {tendons}

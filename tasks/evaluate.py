@@ -1,0 +1,228 @@
+"""The ``evaluate`` stage: the sim-to-real gap of the iteration's redeploy runs, and the
+iteration's summary (DESIGN §1.6; seed 000 Table II).
+
+:func:`run_evaluate` replays every redeploy run in the engine from its tracked start, with the
+robot config's parameters ("before" sysid) and with the identified ones ("after"), one batch
+per policy. The redeploy runs were never fitted, so this is the held-out gap. Per run and
+engine: final centre-of-mass error (m and % of rod length) and heading error (deg), sim vs
+real (``gap.parquet``), and a top view of the paths (``plots/<run>.png``). ``summary.md`` is
+the iteration at a glance: the gap per policy, the identified values (and, on the twin, their
+errors against the hidden truth), the gaits found; the stage task also publishes it as a
+Prefect markdown artifact that names the iteration's MLflow run, so the two UIs link up.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.context import TaskRunContext
+
+from pipeline.config import LoadedConfigs, RobotConfig
+from pipeline.gaits.outcome import simulate_targets
+from pipeline.physics import Engine, Params, RobotModel
+from pipeline.physics.rollout import settle, state_from_caps
+from pipeline.plots import replay_paths
+from pipeline.robot_model import heading_rad
+from storage.files import atomic_write_bytes
+from storage.layout import Ref, RunLayout, read_manifest, write_manifest
+from storage.tables import write_table
+from storage.tracking import client_for, tracking_uri
+from storage.trajectory import caps_array, read_trajectory
+from tasks.caching import stage_cache_key
+from tasks.gaits import identified_robot
+from tasks.redeploy import Run, motion_in_start_frame, recorded_runs
+from tasks.sysid import sysid_robot
+from tasks.track import TRACKED_FILE
+
+STAGE = "evaluate"
+STAGE_VERSION = "1"
+GAP_FILE = "gap.parquet"
+SUMMARY_FILE = "summary.md"
+ENGINES = ("before", "after")
+"""The engines each run is replayed in: the robot config's parameters, and the identified ones."""
+
+
+def _wrap_deg(angle_rad: float) -> float:
+    return math.degrees((angle_rad + math.pi) % (2 * math.pi) - math.pi)
+
+
+def replay_runs(
+    robot: RobotConfig, runs: list[Run], starts_m: np.ndarray, timeout_s: float, dt_s: float
+) -> list[np.ndarray]:
+    """The engine with ``robot``'s parameters running each run's policy from its tracked start
+    caps ``starts_m`` (R, 6, 3), one batch per policy; each run's end caps (T, 6, 3)."""
+    engine = Engine(RobotModel.from_robot(robot), dt=dt_s)
+    out: list[np.ndarray | None] = [None] * len(runs)
+    for key in dict.fromkeys(r.policy_key for r in runs):
+        rows = [i for i, r in enumerate(runs) if r.policy_key == key]
+        params = Params.from_robot(robot, batch=len(rows))
+        state = settle(
+            engine, params, state_from_caps(engine, params, starts_m[rows]), robot.pid, np.ones(6), duration_s=1.0
+        )
+        outcome = simulate_targets(engine, params, robot, state, runs[rows[0]].policy.targets, timeout_s)
+        finished = outcome.trace.finished.numpy()
+        for j, i in enumerate(rows):
+            end = int(finished[j].argmax()) if finished[j].any() else finished.shape[1] - 1
+            out[i] = outcome.trace.caps_m[j, : end + 1].numpy()
+    return out
+
+
+def gap_rows(runs: list[Run], real: list[np.ndarray], sims: dict[str, list[np.ndarray]], rod_m: float) -> list[dict]:
+    """One row per run and engine: final CoM error (m, % of ``rod_m``), heading error (deg) and
+    the forward motion and rotation in the start frame, sim and real."""
+    rows = []
+    for i, run in enumerate(runs):
+        real_motion = motion_in_start_frame(real[i])
+        for label in ENGINES:
+            sim = sims[label][i]
+            sim_motion = motion_in_start_frame(sim)
+            com_error = float(np.linalg.norm(sim[-1].mean(0)[:2] - real[i][-1].mean(0)[:2]))
+            rows.append(
+                {
+                    "policy": run.policy_key,
+                    "start": run.start_index,
+                    "engine": label,
+                    "com_error_m": com_error,
+                    "com_error_pct_rod": 100.0 * com_error / rod_m,
+                    "heading_error_deg": abs(_wrap_deg(float(heading_rad(sim[-1]) - heading_rad(real[i][-1])))),
+                    "sim_forward_m": sim_motion[0],
+                    "real_forward_m": real_motion[0],
+                    "sim_rotation_deg": sim_motion[2],
+                    "real_rotation_deg": real_motion[2],
+                }
+            )
+    return rows
+
+
+def gap_summary(rows: list[dict]) -> dict[str, float]:
+    """Mean gap figures per policy and engine, and over all runs per engine."""
+    summary: dict[str, float] = {}
+    groups = [
+        (f"{policy}.", [r for r in rows if r["policy"] == policy])
+        for policy in dict.fromkeys(r["policy"] for r in rows)
+    ]
+    for prefix, group in [*groups, ("", rows)]:
+        for label in ENGINES:
+            own = [r for r in group if r["engine"] == label]
+            for key in ("com_error_m", "com_error_pct_rod", "heading_error_deg"):
+                summary[f"gap.{label}.{prefix}{key}"] = float(np.mean([r[key] for r in own]))
+    return summary
+
+
+def run_evaluate(
+    configs: LoadedConfigs, iteration: int, attach_ref: Ref, sysid_ref: Ref, gaits_ref: Ref, redeploy_ref: Ref
+) -> tuple[Ref, dict[str, float]]:
+    """Replay the redeploy runs before and after sysid; write the gap table, plots and summary.
+    Returns the ref and the summary (gap figures)."""
+    stage_dir = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign).stage_dir(iteration, STAGE)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    runs = recorded_runs(redeploy_ref)
+    real = [caps_array(read_trajectory(r.folder / TRACKED_FILE, expect_source="tracked")[0]) for r in runs]
+    engines = {"before": sysid_robot(configs, attach_ref), "after": identified_robot(configs, attach_ref, sysid_ref)}
+    starts = np.stack([caps[0] for caps in real])
+    timeout_s = configs.pipeline.redeploy.segment_timeout_s
+    dt_s = configs.pipeline.gaits.search.dt_s
+    sims = {label: replay_runs(robot, runs, starts, timeout_s, dt_s) for label, robot in engines.items()}
+    rows = gap_rows(runs, real, sims, configs.robot.rod.length_m)
+    write_table(stage_dir / GAP_FILE, pa.Table.from_pylist(rows), {"stage": STAGE})
+    for i, run in enumerate(runs):
+        engine_caps = {f"engine {label}": sims[label][i] for label in ENGINES}
+        image = replay_paths(real[i], engine_caps, f"{run.name}: sim vs real")
+        atomic_write_bytes(stage_dir / "plots" / f"{run.name}.png", image)
+    summary = gap_summary(rows)
+    markdown = summary_markdown(configs, iteration, summary, {"sysid": sysid_ref, "gaits": gaits_ref})
+    atomic_write_bytes(stage_dir / SUMMARY_FILE, markdown.encode())
+    return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary
+
+
+def summary_markdown(
+    configs: LoadedConfigs, iteration: int, gap: dict[str, float], refs: dict[str, Ref], mlflow: str = ""
+) -> str:
+    """The iteration at a glance (Markdown): the gap per policy before/after sysid, the
+    identified values with their errors against the twin's truth where known, the gaits found,
+    and ``mlflow`` (a line naming the MLflow run)."""
+    policies = sorted({k.split(".")[2] for k in gap if k.count(".") == 3})
+    lines = [f"# {configs.pipeline.campaign}, iteration {iteration}", ""]
+    if mlflow:
+        lines += [mlflow, ""]
+    lines += [
+        "## Sim-to-real gap (held-out redeploy runs)",
+        "",
+        "| runs | CoM error before → after (m) | heading error before → after (deg) |",
+        "|---|---|---|",
+    ]
+    for prefix in [*(f"{p}." for p in policies), ""]:
+        com = [gap[f"gap.{label}.{prefix}com_error_m"] for label in ENGINES]
+        heading = [gap[f"gap.{label}.{prefix}heading_error_deg"] for label in ENGINES]
+        lines.append(f"| {prefix[:-1] or 'all'} | {com[0]:.3f} → {com[1]:.3f} | {heading[0]:.1f} → {heading[1]:.1f} |")
+    sysid = read_manifest(refs["sysid"], verify_files=False)["summary"]
+    lines += [
+        "",
+        "## Identified parameters",
+        "",
+        "| parameter | start | identified | error vs truth (%) |",
+        "|---|---|---|---|",
+    ]
+    for key, value in sysid.items():
+        if key.startswith("value."):
+            name = key.removeprefix("value.")
+            truth = sysid.get(f"truth_error_pct.{name}")
+            start = sysid.get(f"start.{name}", float("nan"))
+            lines.append(f"| {name} | {start:.4g} | {value:.4g} | {'' if truth is None else f'{truth:.1f}'} |")
+    gaits = read_manifest(refs["gaits"], verify_files=False)["summary"]
+    found = {k: v for k, v in gaits.items() if k.endswith((".forward_m", ".rotation_deg"))}
+    if found:
+        lines += ["", "## Gaits found (one cycle, identified engine)", ""]
+        lines += [f"- {key}: {value:.3f}" for key, value in sorted(found.items())]
+    return "\n".join(lines) + "\n"
+
+
+def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
+    """The Prefect cache key of this stage for the task parameters ``parameters``."""
+    inputs = {k: parameters[f"{k}_ref"] for k in ("attach", "sysid", "gaits", "redeploy")}
+    configs = parameters["configs"]
+    return stage_cache_key(STAGE, STAGE_VERSION, configs, parameters["iteration"], inputs, ("redeploy", "gaits"))
+
+
+@task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
+def evaluate(
+    configs: LoadedConfigs,
+    iteration: int,
+    mlflow_run_id: str,
+    attach_ref: dict[str, str],
+    sysid_ref: dict[str, str],
+    gaits_ref: dict[str, str],
+    redeploy_ref: dict[str, str],
+) -> dict[str, str]:
+    """Prefect task: run :func:`run_evaluate`; log the gap figures, table, plots and summary to
+    MLflow, and publish the summary as a Prefect markdown artifact naming the MLflow run."""
+    refs = {name: Ref.from_json(r) for name, r in (("attach", attach_ref), ("sysid", sysid_ref), ("gaits", gaits_ref))}
+    ref, summary = run_evaluate(
+        configs, iteration, refs["attach"], refs["sysid"], refs["gaits"], Ref.from_json(redeploy_ref)
+    )
+    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    client = client_for(layout)
+    for key, value in summary.items():
+        client.log_metric(mlflow_run_id, f"{STAGE}.{key}", value, step=iteration)
+    for name in (GAP_FILE, SUMMARY_FILE):
+        client.log_artifact(mlflow_run_id, str(Path(ref.path) / name), artifact_path=STAGE)
+    for path in sorted((Path(ref.path) / "plots").glob("*.png")):
+        client.log_artifact(mlflow_run_id, str(path), artifact_path=STAGE)
+    experiment = client.get_run(mlflow_run_id).info.experiment_id
+    link = f"MLflow run `{mlflow_run_id}` (experiment {experiment}, tracking URI `{tracking_uri(layout)}`)"
+    markdown = summary_markdown(configs, iteration, summary, refs, link)
+    create_markdown_artifact(
+        markdown, key=artifact_key(configs.pipeline.campaign, iteration), description="R2S2R iteration summary"
+    )
+    return ref.to_json()
+
+
+def artifact_key(campaign: str, iteration: int) -> str:
+    """The Prefect artifact key of an iteration's summary (lower-case letters, digits, dashes)."""
+    slug = "".join(c if c.isalnum() else "-" for c in campaign.lower())
+    return f"r2s2r-{slug}-iter-{iteration}"
