@@ -23,6 +23,15 @@ from pipeline.robot_model import (
     rotation_to_quat,
 )
 
+FLOOR_ASSET = """\
+  <asset>
+    <texture name="floor" type="2d" builtin="checker" rgb1="0.55 0.55 0.52" rgb2="0.6 0.6 0.57"
+             width="256" height="256"/>
+    <material name="floor" texture="floor" texrepeat="8 8"/>
+  </asset>
+"""
+"""MJCF ``<asset>`` of the checkered floor material (``floor``), shared by the twin and the export."""
+
 ROD_COLOURS = ((0.9, 0.05, 0.05, 1.0), (0.05, 0.8, 0.1, 1.0), (0.05, 0.15, 0.95, 1.0))
 
 
@@ -121,12 +130,7 @@ def build_twin_xml(robot: RobotConfig, twin: TwinConfig) -> TwinModelSpec:
   <default>
     <geom condim="6" friction="{g.friction_sliding:.9g} {g.friction_torsional:.9g} {g.friction_rolling:.9g}"/>
   </default>
-  <asset>
-    <texture name="floor" type="2d" builtin="checker" rgb1="0.55 0.55 0.52" rgb2="0.6 0.6 0.57"
-             width="256" height="256"/>
-    <material name="floor" texture="floor" texrepeat="8 8"/>
-  </asset>
-  <worldbody>
+{FLOOR_ASSET}  <worldbody>
     <light name="sun" directional="true" pos="0 0 4" dir="0.2 0.3 -1" diffuse="0.8 0.8 0.8" castshadow="false"/>
     <light name="fill" directional="true" pos="0 0 4" dir="-0.3 -0.2 -1" diffuse="0.3 0.3 0.3" castshadow="false"/>
     <geom name="ground" type="plane" size="0 0 1" material="floor"/>

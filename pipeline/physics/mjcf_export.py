@@ -61,7 +61,7 @@ import numpy as np
 
 from pipeline.config import RobotConfig
 from pipeline.control import REST_LENGTH_LIMITS_M
-from pipeline.hardware.twin_model import rod_bodies_xml
+from pipeline.hardware.twin_model import FLOOR_ASSET, rod_bodies_xml
 from pipeline.physics.engine import Engine
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
@@ -176,12 +176,7 @@ def _model_xml(
   <default>
     <geom condim="3" friction="{mu:.9g} 0 0" solref="{stiffness:.9g} {damping:.9g}"/>
   </default>
-  <asset>
-    <texture name="floor" type="2d" builtin="checker" rgb1="0.55 0.55 0.52" rgb2="0.6 0.6 0.57"
-             width="256" height="256"/>
-    <material name="floor" texture="floor" texrepeat="8 8"/>
-  </asset>
-  <worldbody>
+{FLOOR_ASSET}  <worldbody>
     <light name="sun" directional="true" pos="0 0 4" dir="0.2 0.3 -1" diffuse="0.8 0.8 0.8"/>
     <geom name="ground" type="plane" size="0 0 1" material="floor"/>
 {bodies}
