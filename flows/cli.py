@@ -177,13 +177,13 @@ def compare(
     """Print the campaign's iterations side by side: the headline metrics of their MLflow runs."""
     configs = _load(config, {} if campaign_name is None else {"campaign": campaign_name})
     from flows.campaign import headline_metrics
-    from storage.tracking import ITERATION_TAG, client_for
+    from storage.tracking import ITERATION_TAG, client_for, tracking_uri
 
     layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
     client = client_for(layout)
     experiment = client.get_experiment_by_name(configs.pipeline.campaign)
     if experiment is None:
-        raise DataError(f"{layout.mlflow_db}: no MLflow experiment for campaign '{configs.pipeline.campaign}'")
+        raise DataError(f"{tracking_uri(layout)}: no MLflow experiment for campaign '{configs.pipeline.campaign}'")
     rows = {
         int(run.data.tags[ITERATION_TAG]): headline_metrics(run.data.metrics)
         for run in client.search_runs([experiment.experiment_id])
@@ -255,10 +255,10 @@ def ui(
     """Serve the MLflow UI for the campaign's runs on http://127.0.0.1:PORT (with MLFLOW_TRACKING_URI
     set to a tracking server: say where that server's UI is)."""
     configs = _load(config, {})
-    from storage.tracking import tracking_uri
+    from storage.tracking import is_server_uri, tracking_uri
 
     uri = tracking_uri(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
-    if uri.startswith(("http://", "https://")):  # MLFLOW_TRACKING_URI: a tracking server serves its own UI
+    if is_server_uri(uri):  # MLFLOW_TRACKING_URI: a tracking server serves its own UI
         console.print(f"the runs are on the MLflow server {uri}: its UI is there")
         return
     console.print(f"MLflow UI on http://127.0.0.1:{port} (Ctrl-C to stop)")
