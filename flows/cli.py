@@ -156,15 +156,15 @@ def campaign(
 
 
 def _headline_table(title: str, rows: dict[int, dict[str, float]]) -> Table:
-    """Iterations (rows) by headline metrics (columns)."""
+    """Headline metrics (rows) by iteration (columns), so that a terminal fits many iterations."""
     table = Table(title=title)
-    columns = sorted({key for metrics in rows.values() for key in metrics})
-    table.add_column("iteration")
-    for column in columns:
-        table.add_column(column.replace(".", "\n", 1))
-    for iteration, metrics in sorted(rows.items()):
-        values = [metrics.get(c) for c in columns]
-        table.add_row(str(iteration), *("" if v is None else f"{v:.4g}" for v in values))
+    iterations = sorted(rows)
+    table.add_column("metric", no_wrap=True)
+    for iteration in iterations:
+        table.add_column(f"iteration {iteration}", justify="right")
+    for metric in sorted({key for metrics in rows.values() for key in metrics}):
+        values = [rows[k].get(metric) for k in iterations]
+        table.add_row(metric, *("" if v is None else f"{v:.4g}" for v in values))
     return table
 
 

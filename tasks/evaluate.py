@@ -36,7 +36,7 @@ from storage.trajectory import caps_array, read_trajectory
 from tasks.caching import stage_cache_key
 from tasks.gaits import identified_robot
 from tasks.redeploy import Run, motion_in_start_frame, recorded_runs
-from tasks.sysid import sysid_robot
+from tasks.sysid import sysid_robot, truth_errors
 from tasks.track import TRACKED_FILE
 
 STAGE = "evaluate"
@@ -165,15 +165,16 @@ def summary_markdown(
         "",
         "## Identified parameters",
         "",
-        "| parameter | start | identified | error vs truth (%) |",
-        "|---|---|---|---|",
+        "| parameter | start | identified | twin's truth | error (%) |",
+        "|---|---|---|---|---|",
     ]
-    for key, value in sysid.items():
-        if key.startswith("value."):
-            name = key.removeprefix("value.")
-            truth = sysid.get(f"truth_error_pct.{name}")
-            start = sysid.get(f"start.{name}", float("nan"))
-            lines.append(f"| {name} | {start:.4g} | {value:.4g} | {'' if truth is None else f'{truth:.1f}'} |")
+    values = {k.removeprefix("value."): v for k, v in sysid.items() if k.startswith("value.")}
+    truth = truth_errors(configs, values) if configs.pipeline.hardware_backend == "twin" else {}
+    for name, value in values.items():
+        start = sysid.get(f"start.{name}", float("nan"))
+        true = f"{truth[f'truth.{name}']:.4g}" if f"truth.{name}" in truth else ""
+        error = f"{truth[f'truth_error_pct.{name}']:+.1f}" if f"truth_error_pct.{name}" in truth else ""
+        lines.append(f"| {name} | {start:.4g} | {value:.4g} | {true} | {error} |")
     gaits = read_manifest(refs["gaits"], verify_files=False)["summary"]
     found = {k: v for k, v in gaits.items() if k.endswith((".forward_m", ".rotation_deg"))}
     if found:

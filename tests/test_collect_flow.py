@@ -235,10 +235,10 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     table = CliRunner().invoke(app, ["compare", "--config", config], env={"COLUMNS": "1000"})
     assert table.exit_code == 0, table.output
     lines = table.output.splitlines()
-    assert any("gap.after.com_error_m" in line for line in lines)
-    first_row = next(line for line in lines if line.strip("│ ").startswith("1 "))
+    assert any("iteration 1" in line and "iteration 2" in line for line in lines)
+    row = next(line for line in lines if "evaluate.gap.after.com_error_m" in line)
     expected = run.data.metrics["evaluate.gap.after.com_error_m"]
-    assert f"{expected:.4g}" in first_row
+    assert row.split("│")[2].strip() == f"{expected:.4g}"  # iteration 1's column
 
     # r2s2r rerun sysid with a new learning rate: collect, track and attach are reused (no hardware,
     # no tracking), sysid and gaits recomputed; redeploy and evaluate are left stale (the robot would

@@ -14,11 +14,12 @@ from pipeline.config import load_all
 from pipeline.errors import HardwareError
 from pipeline.gaits.published import published_gait
 from pipeline.hardware.twin import MujocoTwin
+from pipeline.physics.truth import twin_true_params
 from pipeline.policies import REST_TARGET, Policy
 from storage.files import atomic_write_json
 from storage.layout import RunLayout, read_manifest, write_manifest
 from storage.trajectory import read_trajectory
-from tasks.evaluate import GAP_FILE, SUMMARY_FILE, run_evaluate
+from tasks.evaluate import GAP_FILE, SUMMARY_FILE, gap_summary, run_evaluate, summary_markdown
 from tasks.gaits import POLICIES_FILE
 from tasks.redeploy import REPEATABILITY_FILE, RUNS_FILE, recorded_runs, run_redeploy, set_aside_other_runs
 from tests.conftest import empty_overlays, small_twin, write_test_pipeline
@@ -90,3 +91,25 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     assert stage.is_dir()  # same policies: nothing moved
     set_aside_other_runs(configs, 1, refs["gaits"], fresh=True)
     assert not stage.exists() and len(list(stage.parent.glob("redeploy.replaced-*"))) == 1
+
+
+def test_summary_shows_the_gap_and_the_identified_values_against_the_twins_truth(tmp_path: Path) -> None:
+    configs = load_all(write_test_pipeline(tmp_path, campaign="summary"))
+    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    refs = {}
+    for stage, summary in (
+        ("sysid", {"value.friction": 0.6, "start.friction": 0.8}),
+        ("gaits", {"forward.forward_m": 0.3}),
+    ):
+        folder = layout.stage_dir(1, stage)
+        folder.mkdir(parents=True)
+        refs[stage] = write_manifest(folder, stage, complete=True, summary=summary)
+    rows = [
+        {"policy": "straight", "engine": engine, "com_error_m": com, "com_error_pct_rod": 0.0, "heading_error_deg": deg}
+        for engine, com, deg in (("before", 0.5, 10.0), ("after", 0.2, 5.0))
+    ]
+    markdown = summary_markdown(configs, 1, gap_summary(rows), refs, "MLflow run `abc`")
+    truth = float(twin_true_params(configs.robot, configs.twin).friction[0])
+    assert f"| friction | 0.8 | 0.6 | {truth:.4g} | {100 * (0.6 - truth) / truth:+.1f} |" in markdown
+    assert "| straight | 0.500 → 0.200 | 10.0 → 5.0 |" in markdown and "| all | 0.500 → 0.200 |" in markdown
+    assert "MLflow run `abc`" in markdown and "- forward.forward_m: 0.300" in markdown
