@@ -115,9 +115,16 @@ def gap_summary(rows: list[dict]) -> dict[str, float]:
 
 
 def run_evaluate(
-    configs: LoadedConfigs, iteration: int, attach_ref: Ref, sysid_ref: Ref, gaits_ref: Ref, redeploy_ref: Ref
+    configs: LoadedConfigs,
+    iteration: int,
+    attach_ref: Ref,
+    sysid_ref: Ref,
+    gaits_ref: Ref,
+    redeploy_ref: Ref,
+    mlflow: str = "",
 ) -> tuple[Ref, dict[str, float]]:
-    """Replay the redeploy runs before and after sysid; write the gap table, plots and summary.
+    """Replay the redeploy runs before and after sysid; write the gap table, plots and summary
+    (with ``mlflow``, a line naming the MLflow run, under its title).
     Returns the ref and the summary (gap figures)."""
     stage_dir = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign).stage_dir(iteration, STAGE)
     stage_dir.mkdir(parents=True, exist_ok=True)
@@ -135,7 +142,7 @@ def run_evaluate(
         image = replay_paths(real[i], engine_caps, f"{run.name}: sim vs real")
         atomic_write_bytes(stage_dir / "plots" / f"{run.name}.png", image)
     summary = gap_summary(rows)
-    markdown = summary_markdown(configs, iteration, summary, {"sysid": sysid_ref, "gaits": gaits_ref})
+    markdown = summary_markdown(configs, iteration, summary, {"sysid": sysid_ref, "gaits": gaits_ref}, mlflow)
     atomic_write_bytes(stage_dir / SUMMARY_FILE, markdown.encode())
     return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary
 
@@ -202,21 +209,19 @@ def evaluate(
 ) -> dict[str, str]:
     """Prefect task: run :func:`run_evaluate`; log the gap figures, table, plots and summary to
     MLflow, and publish the summary as a Prefect markdown artifact naming the MLflow run."""
-    refs = {name: Ref.from_json(r) for name, r in (("attach", attach_ref), ("sysid", sysid_ref), ("gaits", gaits_ref))}
-    ref, summary = run_evaluate(
-        configs, iteration, refs["attach"], refs["sysid"], refs["gaits"], Ref.from_json(redeploy_ref)
-    )
     layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
     client = client_for(layout)
+    experiment = client.get_run(mlflow_run_id).info.experiment_id
+    link = f"MLflow run `{mlflow_run_id}` (experiment {experiment}, tracking URI `{tracking_uri(layout)}`)"
+    refs = [Ref.from_json(r) for r in (attach_ref, sysid_ref, gaits_ref, redeploy_ref)]
+    ref, summary = run_evaluate(configs, iteration, *refs, mlflow=link)
     for key, value in summary.items():
         client.log_metric(mlflow_run_id, f"{STAGE}.{key}", value, step=iteration)
     for name in (GAP_FILE, SUMMARY_FILE):
         client.log_artifact(mlflow_run_id, str(Path(ref.path) / name), artifact_path=STAGE)
     for path in sorted((Path(ref.path) / "plots").glob("*.png")):
         client.log_artifact(mlflow_run_id, str(path), artifact_path=STAGE)
-    experiment = client.get_run(mlflow_run_id).info.experiment_id
-    link = f"MLflow run `{mlflow_run_id}` (experiment {experiment}, tracking URI `{tracking_uri(layout)}`)"
-    markdown = summary_markdown(configs, iteration, summary, refs, link)
+    markdown = (Path(ref.path) / SUMMARY_FILE).read_text()
     create_markdown_artifact(
         markdown, key=artifact_key(configs.pipeline.campaign, iteration), description="R2S2R iteration summary"
     )
