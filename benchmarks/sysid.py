@@ -1,7 +1,8 @@
 """Sysid figures: wall time, steps, per-parameter error on engine and twin data, held-out gap.
 
-Two datasets, each a random policy identified with the stage's defaults (KFL, Adam
-lr 0.1, motor speed + friction + restitution; ``configs/pipeline/default.yaml``):
+Two datasets, each a random policy identified with the stage's defaults (KFL: motor
+speed warmed up by Adam lr 0.1, then motor speed + friction + restitution by CMA-ES on
+the robust KFL, with profile widths; ``configs/pipeline/default.yaml``):
 
 * **engine data**: the engine itself with known parameters (motor speed 0.7,
   friction 0.5, restitution 0.3), end caps at 10 Hz with 2 mm Gaussian noise, cable
@@ -86,6 +87,7 @@ def run(configs: LoadedConfigs, recording: Recording, config: SysidConfig, holdo
         "steps": result.iterations,
         "converged": result.converged,
         "identified": result.values,
+        "profile": result.profile,
     }
     if held:
         before = replay(engine, start, robot, recording, held, config, TIMEOUT_S)
@@ -121,6 +123,8 @@ def main() -> None:
                 "min_iterations": 1,
                 "average_last": 1,
                 "latency_grid_s": (0.0, 0.06),
+                "search_generations": 2,
+                "search_population": 4,
             }
         )
 

@@ -355,6 +355,23 @@ class SysidConfig(StrictModel):
         description="Control latencies tried before the gradient fit (s); the best goes to pid.latency_s. "
         "Empty: keep the robot config's.",
     )
+    search_parameters: tuple[EngineParameter, ...] = Field(
+        default=("motor_speed", "friction", "restitution"),
+        description="Fitted by CMA-ES on the robust KFL after the gradient stages (those also in `parameters`).",
+    )
+    search_generations: Annotated[int, Field(ge=0)] = Field(
+        default=12, description="CMA-ES generations (each one engine batch); 0: every parameter by gradient."
+    )
+    search_population: Annotated[int, Field(ge=2)] = Field(default=8, description="CMA-ES samples per generation.")
+    search_sigma: Positive = Field(default=0.1, description="CMA-ES initial step, in parameter scales.")
+    search_seed: Annotated[int, Field(ge=0)] = Field(default=0, description="Seed of the CMA-ES sampling.")
+    robust_scale: Positive = Field(
+        default=4.0,
+        description="Search loss per key frame d / (1 + d / this), d the squared defect in position_sigma_m units.",
+    )
+    profile_tolerance: Positive = Field(
+        default=0.05, description="Profile width: values whose robust loss is within this fraction of the minimum."
+    )
     priors: dict[EngineParameter, PriorConfig] = Field(default_factory=dict)
     scales: dict[EngineParameter, Positive] = Field(
         default_factory=dict, description="Override a parameter's optimisation scale (SI unit, or log for log-scaled)."

@@ -35,9 +35,10 @@ from pipeline.physics.params import robot_overlay
 from pipeline.physics.truth import twin_true_params
 from pipeline.plots import replay_paths, sysid_history
 from pipeline.sysid.data import Recording, split_gaits
-from pipeline.sysid.identify import Identification, Step, identify_staged
+from pipeline.sysid.identify import identify_staged, planned_steps
 from pipeline.sysid.latency import best_latency
 from pipeline.sysid.losses import make_loss
+from pipeline.sysid.result import Identification, Step
 from pipeline.sysid.validate import Replay, replay, split_holdout
 from storage.files import atomic_write_bytes, atomic_write_json
 from storage.layout import Ref, RunLayout, write_manifest
@@ -134,8 +135,7 @@ def run_sysid(
         TimeElapsedColumn(),
         disable=not show_progress,
     ) as bar:
-        total = config.iterations + (config.warmup_iterations if config.warmup_parameters else 0)
-        job = bar.add_task("sysid", total=total, loss=math.nan)
+        job = bar.add_task("sysid", total=planned_steps(config), loss=math.nan)
         result = identify_staged(loss, start, config, progress=lambda s: bar.update(job, advance=1, loss=s.loss))
 
     replays: dict[str, dict[str, Replay]] = {}
@@ -178,8 +178,9 @@ def with_latency(robot: RobotConfig, latency_s: float) -> RobotConfig:
 
 def history_table(history: list[Step]) -> pa.Table:
     """One row per optimiser step: loss, prior, kept fraction, lr, wall time, values and gradients."""
-    columns: dict[str, list[float]] = {
+    columns: dict[str, list] = {
         "iteration": [s.iteration for s in history],
+        "method": [s.method for s in history],
         "loss": [s.loss for s in history],
         "unfiltered_loss": [s.unfiltered_loss for s in history],
         "prior": [s.prior for s in history],
@@ -226,6 +227,9 @@ def _summary(
     for name, value in result.values.items():
         summary[f"value.{name}"] = value
         summary[f"start.{name}"] = float(getattr(start, name)[0])
+    for name, (low, high) in result.profile.items():
+        summary[f"profile_low.{name}"] = low
+        summary[f"profile_high.{name}"] = high
     for label in ("before", "after"):
         figures = [r[label].metrics("") for r in replays.values()]
         for key in figures[0] if figures else []:

@@ -43,6 +43,8 @@ SMALL_SYSID = {
     "dt_s": 0.005,
     "chunk_s": 2.0,
     "latency_grid_s": [0.0, 0.06],
+    "search_generations": 2,
+    "search_population": 4,
 }
 """A sysid short enough for flow tests (its accuracy is tested in test_sysid.py)."""
 

@@ -32,46 +32,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from pipeline.config import SysidConfig
 from pipeline.physics.params import Params
+from pipeline.sysid.evolution import refine
 from pipeline.sysid.losses import LossValue, TrajectoryLoss
 from pipeline.sysid.parameters import ParameterSpace
+from pipeline.sysid.result import Identification, Step
 from pipeline.sysid.windows import expand_params
-
-
-@dataclass(frozen=True)
-class Step:
-    """One optimiser step: parameter values before it, the losses there, and its gradient."""
-
-    iteration: int
-    values: dict[str, float]
-    loss: float
-    unfiltered_loss: float
-    prior: float
-    kept_fraction: float
-    gradient: dict[str, float]
-    lr: float
-    wall_s: float
-
-
-@dataclass
-class Identification:
-    """The identified values (SI), the parameters for the engine, and the step history."""
-
-    values: dict[str, float]
-    params: Params
-    history: list[Step] = field(default_factory=list)
-    converged: bool = False
-    wall_s: float = 0.0
-
-    @property
-    def iterations(self) -> int:
-        return len(self.history)
 
 
 def identify(
@@ -180,33 +152,77 @@ def identify_staged(
     config: SysidConfig,
     progress: Callable[[Step], None] | None = None,
 ) -> Identification:
-    """:func:`identify` of ``config.parameters`` from ``start`` (one environment), preceded by a
-    warm-up that identifies ``config.warmup_parameters`` alone for ``config.warmup_iterations``.
+    """Identify ``config.parameters`` from ``start`` (one environment) in up to three stages:
 
-    Timing parameters (motor speed) decide which key frames are compared at all; while they
-    are far off, the contact parameters' gradients mostly answer the timing error (friction
-    drifts toward zero), so they are fitted first. The history holds both stages in order
-    (warm-up steps with the other parameters at their start values and zero gradient).
+    1. a warm-up that fits ``config.warmup_parameters`` alone by gradient for
+       ``config.warmup_iterations`` steps. Timing parameters (motor speed) decide which key
+       frames are compared at all; while they are far off, the other parameters' gradients
+       mostly answer the timing error, so they are fitted first;
+    2. :func:`identify` (gradient) of the parameters not in ``config.search_parameters``;
+    3. :func:`~pipeline.sysid.evolution.refine` (CMA-ES on the robust loss) of those in
+       ``config.search_parameters``, from the values the gradient stages reached (a warmed-up
+       parameter may be searched again: the warm-up only gives the search its start).
+
+    The history holds every stage in order, each step with every parameter's value (those not
+    fitted in a stage at their current values, with zero gradient).
     """
-    warmup = tuple(n for n in config.warmup_parameters if n in config.parameters)
-    history: list[Step] = []
+    searched, stages = _plan(config)
     began = time.perf_counter()
-    if warmup and config.warmup_iterations > 0 and set(warmup) != set(config.parameters):
-        first = identify(
-            loss_fn,
-            ParameterSpace(warmup, start, dict(config.scales), dict(config.priors)),
-            config.model_copy(update={"iterations": config.warmup_iterations}),
-            progress,
+    history: list[Step] = []
+    profile: dict[str, tuple[float, float]] = {}
+    current = start
+    converged = True
+    for names, stage_config in stages:
+        result = identify(loss_fn, _space(names, current, config), stage_config, progress)
+        history += _with_every_value(result.history, current, config.parameters, len(history))
+        current, converged = result.params, result.converged
+    if searched:
+        result = refine(loss_fn, _space(searched, current, config), config, progress)
+        history += _with_every_value(result.history, current, config.parameters, len(history))
+        current, profile = result.params, result.profile
+    return Identification(
+        values={n: float(getattr(current, n)[0]) for n in config.parameters},
+        params=current,
+        history=history,
+        converged=converged,
+        wall_s=time.perf_counter() - began,
+        profile=profile,
+    )
+
+
+def planned_steps(config: SysidConfig) -> int:
+    """The most steps :func:`identify_staged` takes with ``config`` (gradient steps and generations)."""
+    searched, stages = _plan(config)
+    return sum(c.iterations for _, c in stages) + (config.search_generations if searched else 0)
+
+
+def _plan(config: SysidConfig) -> tuple[tuple[str, ...], list[tuple[tuple[str, ...], SysidConfig]]]:
+    """The searched parameters and the gradient stages (parameters, config) of ``config``."""
+    searched = tuple(n for n in config.parameters if n in config.search_parameters) if config.search_generations else ()
+    by_gradient = tuple(n for n in config.parameters if n not in searched)
+    warmup = tuple(n for n in config.warmup_parameters if n in config.parameters)
+    stages = []
+    if warmup and config.warmup_iterations > 0 and set(warmup) != set(by_gradient):
+        stages.append((warmup, config.model_copy(update={"iterations": config.warmup_iterations})))
+    if by_gradient:
+        stages.append((by_gradient, config))
+    return searched, stages
+
+
+def _space(names: tuple[str, ...], start: Params, config: SysidConfig) -> ParameterSpace:
+    return ParameterSpace(names, start, dict(config.scales), dict(config.priors))
+
+
+def _with_every_value(steps: list[Step], current: Params, names: tuple[str, ...], offset: int) -> list[Step]:
+    """``steps`` numbered from ``offset``, with every parameter of ``names`` in their values
+    (those the steps did not fit at ``current``'s value, with zero gradient)."""
+    fixed = {n: float(getattr(current, n)[0]) for n in names}
+    return [
+        replace(
+            s,
+            iteration=s.iteration + offset,
+            values={**fixed, **s.values},
+            gradient={**dict.fromkeys(fixed, 0.0), **s.gradient},
         )
-        fixed = {n: float(getattr(start, n)[0]) for n in config.parameters}
-        history = [
-            replace(s, values={**fixed, **s.values}, gradient={**dict.fromkeys(fixed, 0.0), **s.gradient})
-            for s in first.history
-        ]
-        start = first.params
-    space = ParameterSpace(config.parameters, start, dict(config.scales), dict(config.priors))
-    result = identify(loss_fn, space, config, progress)
-    offset = len(history)
-    result.history = history + [replace(s, iteration=s.iteration + offset) for s in result.history]
-    result.wall_s = time.perf_counter() - began
-    return result
+        for s in steps
+    ]

@@ -19,7 +19,7 @@ by the tracking noise: a loss of 1 means a typical end-cap defect of one
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -58,12 +58,17 @@ class LossValue:
 class TrajectoryLoss(Protocol):
     """A loss over recorded trajectories. It is called with parameters of ``units`` environments
     ((units,) tensors, usually all equal): one per key frame (KFL) or window, so that each unit's
-    gradient can be read and weighed on its own."""
+    gradient can be read and weighed on its own. ``scored`` (units,): which units count at all.
+    ``population`` runs several parameter sets (one environment each) without gradients and
+    returns each one's weighted squared defects (P, units)."""
 
     name: str
     units: int
+    scored: np.ndarray
 
     def __call__(self, params: Params) -> LossValue: ...
+
+    def population(self, candidates: Params) -> np.ndarray: ...
 
 
 def _weighted_defects(
@@ -134,29 +139,58 @@ class KeyFrameLoss:
 
     def __call__(self, params: Params) -> LossValue:
         """``params``: one environment per gait (``units``), in chunk order."""
-        per_segment = Params(**{n: v[self.unit_index] for n, v in expand_params(params, self.units).as_dict().items()})
+        defects, errors, engine_durations = self._key_frames(params, copies=1)
+        kept = self.scored.copy()
+        if self.config.mask_filter:
+            for group in np.unique(self.group):
+                own = (self.group == group) & self.scored
+                kept[own] = mask_filter(engine_durations[0][own], self.data_durations[own], self.tick_s)
+        loss = defects[0][torch.as_tensor(kept)].mean()
+        return LossValue(
+            loss, defects[0].detach().numpy(), errors[0], self.scored, kept, engine_durations[0], self.data_durations
+        )
+
+    def population(self, candidates: Params) -> np.ndarray:
+        """Weighted squared key-frame defects (P, units) of ``candidates`` (P environments, one
+        parameter set each), all run as one engine batch, without gradients."""
+        count = candidates.batch_size
+        per_unit = Params(**{n: v.repeat_interleave(self.units) for n, v in candidates.as_dict().items()})
+        with torch.no_grad():
+            defects, _, _ = self._key_frames(per_unit, copies=count)
+        return defects.numpy()
+
+    def _key_frames(self, params: Params, copies: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Run every chunk ``copies`` times (``params``: ``copies * units`` environments, copy-major)
+        and return the weighted squared defects (copies, units), the end-cap errors
+        (copies, units, 6) in m and the engine's gait durations (copies, units) in s."""
+        chunks = len(self.chunks)
+        index = torch.cat([self.unit_index + k * self.units for k in range(copies)])
+        expanded = expand_params(params, copies * self.units).as_dict()
+        per_segment = Params(**{n: v[index] for n, v in expanded.items()})
+        rows_of_chunks = torch.arange(chunks).repeat(copies)
+        starts = replace(self.starts, state=self.starts.state.index(rows_of_chunks))
         trace, _ = run_windows(
             self.engine,
             per_segment,
-            self.starts,
-            self.targets,
+            starts,
+            self.targets[rows_of_chunks],
             self.robot.pid,
-            self.timeout,
+            np.tile(self.timeout, (copies, 1)),
             self.robot.pid.latency_s,
             detach_between_segments=True,
         )
         segment = trace.segment.numpy()
         finished = trace.finished.numpy()
         rows, start_ticks, end_ticks = [], [], []
-        for c, chunk in enumerate(self.chunks):
-            for j in range(len(chunk)):
-                later = np.flatnonzero((segment[c] > j) | finished[c])
-                start_ticks.append(int(np.argmax(segment[c] >= j)))
+        for row in range(copies * chunks):
+            for j in range(len(self.chunks[row % chunks])):
+                later = np.flatnonzero((segment[row] > j) | finished[row])
+                start_ticks.append(int(np.argmax(segment[row] >= j)))
                 end_ticks.append(int(later[0]) if len(later) else segment.shape[1] - 1)
-                rows.append(c)
+                rows.append(row)
         start_ticks, end_ticks = np.array(start_ticks), np.array(end_ticks)
         engine_durations = (end_ticks - start_ticks) * self.tick_s
-        offsets = key_frame_offsets(engine_durations, self.data_durations)
+        offsets = key_frame_offsets(engine_durations, np.tile(self.data_durations, copies))
         key_ticks = np.minimum(start_ticks + np.round(offsets / self.tick_s).astype(int), trace.caps_m.shape[1] - 1)
         rows_t = torch.as_tensor(rows)
         key_caps = trace.caps_m[rows_t, torch.as_tensor(key_ticks)]
@@ -164,19 +198,12 @@ class KeyFrameLoss:
         data_disp = np.stack(
             [
                 np.diff(self.recordings[g.recording].caps_at(np.array([g.start_s, g.start_s + o])), axis=0)[0]
-                for g, o in zip(self.gaits, offsets, strict=True)
+                for g, o in zip(self.gaits * copies, offsets, strict=True)
             ]
         )
         defects, errors = _weighted_defects(engine_disp, data_disp, self.config.position_sigma_m)
-        kept = self.scored.copy()
-        if self.config.mask_filter:
-            for group in np.unique(self.group):
-                own = (self.group == group) & self.scored
-                kept[own] = mask_filter(engine_durations[own], self.data_durations[own], self.tick_s)
-        loss = defects[torch.as_tensor(kept)].mean()
-        return LossValue(
-            loss, defects.detach().numpy(), errors, self.scored, kept, engine_durations, self.data_durations
-        )
+        shape = (copies, self.units)
+        return defects.reshape(shape), errors.reshape(*shape, 6), engine_durations.reshape(shape)
 
 
 def plan_chunks(recordings: dict[str, Recording], gaits: list[Gait], chunk_s: float) -> list[list[Gait]]:
@@ -224,6 +251,21 @@ class _PolicyRollouts:
     starts: WindowStarts
     targets: torch.Tensor
     segment_timeout_s: np.ndarray
+    units: int
+
+    @property
+    def scored(self) -> np.ndarray:
+        """Every window is scored."""
+        return np.ones(self.units, dtype=bool)
+
+    def population(self, candidates: Params) -> np.ndarray:
+        """Weighted squared defects (P, units) of ``candidates`` (P environments), one rollout each."""
+        rows = []
+        with torch.no_grad():
+            for k in range(candidates.batch_size):
+                one = Params(**{n: v[k : k + 1] for n, v in candidates.as_dict().items()})
+                rows.append(self(expand_params(one, self.units)).defects)
+        return np.stack(rows)
 
     def _rollout(self, params: Params, span_s: float) -> Trace:
         trace, _ = run_windows(

@@ -76,6 +76,16 @@ class ParameterSpace:
             return math.log(value / self.p0[name]) / self.scales[name]
         return (value - self.p0[name]) / self.scales[name]
 
+    @property
+    def lower(self) -> torch.Tensor:
+        """Lowest allowed coordinates (P,)."""
+        return self._low.clone()
+
+    @property
+    def upper(self) -> torch.Tensor:
+        """Highest allowed coordinates (P,)."""
+        return self._high.clone()
+
     def initial(self) -> torch.Tensor:
         """Coordinates of the start, projected inside the bounds (P,)."""
         return self.project(torch.zeros(len(self.names), dtype=torch.float64))

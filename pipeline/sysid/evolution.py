@@ -1,0 +1,154 @@
+"""Gradient-free refinement of the contact parameters: CMA-ES over a robust Key Frame Loss.
+
+The engine's contact gradients are straight-through (the friction impulse is
+detached, seed 000) and a key frame's defect jumps when the robot tips over an
+edge in one execution and not in the other. Both break gradient descent for
+friction and restitution: their gradients drift, and a mean of squared defects is
+dominated by the few key frames where the engine and the data diverge, so it
+prefers whatever parameters make the dynamics least eventful (restitution driven
+to zero). :func:`refine` therefore fits ``config.search_parameters`` with
+CMA-ES (the ``cma`` package) on the *robust* loss
+
+    rho(d) = d / (1 + d / c),    c = ``config.robust_scale``
+
+per key frame (``d`` the weighted squared defect, in units of ``position_sigma_m``
+squared), averaged over the scored key frames, plus the prior per key frame.
+A typical key frame counts quadratically; a diverged one counts ``c`` at most,
+whatever its size. Each generation is one engine batch: the distribution's mean
+and its ``config.search_population`` samples run together
+(:meth:`~pipeline.sysid.losses.KeyFrameLoss.population`).
+
+:func:`profile_widths` then reports how well the data pins each searched parameter
+down: the robust loss along each parameter alone, from -30 % to +30 % of the
+answer (one batch), and the range of values whose loss is within
+``config.profile_tolerance`` (relative) of the profile's minimum. A parameter the
+key frames hardly see (friction in quasi-static rolling) has a wide range.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import cma
+import numpy as np
+import torch
+
+from pipeline.config import SysidConfig
+from pipeline.physics.params import Params
+from pipeline.sysid.losses import TrajectoryLoss
+from pipeline.sysid.parameters import ParameterSpace
+from pipeline.sysid.result import Identification, Step
+
+
+def robust_defects(defects: np.ndarray, scale: float) -> np.ndarray:
+    """``d / (1 + d / scale)`` elementwise: quadratic below ``scale``, bounded by it above."""
+    return defects / (1.0 + defects / scale)
+
+
+def refine(
+    loss_fn: TrajectoryLoss,
+    space: ParameterSpace,
+    config: SysidConfig,
+    progress: Callable[[Step], None] | None = None,
+) -> Identification:
+    """CMA-ES over ``space`` from its start for ``config.search_generations`` generations.
+
+    Returns the distribution's final mean (or the start, if that scored lower on the robust
+    loss), with a history of one step per generation (the mean's values and robust loss, the
+    step size in ``lr``, no gradient) and each parameter's :func:`profile_widths`.
+    """
+    began = time.perf_counter()
+    strategy = cma.CMAEvolutionStrategy(
+        space.initial().numpy(),
+        config.search_sigma,
+        {
+            "bounds": [space.lower.numpy(), space.upper.numpy()],
+            "popsize": config.search_population,
+            "seed": config.search_seed + 1,
+            "verbose": -9,
+        },
+    )
+    units = max(loss_fn.units, 1)
+    scored = np.asarray(loss_fn.scored, dtype=bool)
+    history: list[Step] = []
+    start_score = np.inf
+    for generation in range(config.search_generations):
+        mean = strategy.result.xfavorite
+        samples = strategy.ask()
+        thetas = [space.project(torch.tensor(x, dtype=torch.float64)) for x in [mean, *samples]]
+        defects = loss_fn.population(_stacked([space.params(t) for t in thetas]))[:, scored]
+        priors = np.array([float(space.prior_penalty(t)) for t in thetas])
+        scores = _scores(defects, priors, units, config)
+        strategy.tell(samples, scores[1:].tolist())
+        if generation == 0:
+            start_score = float(scores[0])
+        step = Step(
+            iteration=generation,
+            values={n: float(v) for n, v in space.values(thetas[0]).items()},
+            loss=float(scores[0]),
+            unfiltered_loss=float(defects[0].mean()),
+            prior=float(priors[0]),
+            kept_fraction=1.0,
+            gradient=dict.fromkeys(space.names, 0.0),
+            lr=float(strategy.sigma),
+            wall_s=time.perf_counter() - began,
+            method="search",
+        )
+        history.append(step)
+        if progress is not None:
+            progress(step)
+    final = space.project(torch.tensor(strategy.result.xfavorite, dtype=torch.float64))
+    defects = loss_fn.population(_stacked([space.params(final)]))[:, scored]
+    if start_score < float(_scores(defects, np.array([float(space.prior_penalty(final))]), units, config)[0]):
+        final = space.initial()
+    return Identification(
+        values={n: float(v) for n, v in space.values(final).items()},
+        params=space.params(final),
+        history=history,
+        converged=False,
+        wall_s=time.perf_counter() - began,
+        profile=profile_widths(loss_fn, space, final, config),
+    )
+
+
+PROFILE_SPAN = 0.3
+"""The profile runs from (1 - this) to (1 + this) times the identified value."""
+PROFILE_POINTS = 13
+
+
+def profile_widths(
+    loss_fn: TrajectoryLoss, space: ParameterSpace, theta: torch.Tensor, config: SysidConfig
+) -> dict[str, tuple[float, float]]:
+    """For each parameter of ``space``: the lowest and highest value (SI) on its profile through
+    ``theta`` (the others fixed; ``PROFILE_POINTS`` values from (1 -/+ ``PROFILE_SPAN``) times its
+    value, inside the bounds) whose robust loss is within ``config.profile_tolerance`` of the
+    profile's minimum. All profiles run as one engine batch. An answer outside its own range
+    means the search had not settled along that parameter."""
+    values = space.values(theta)
+    thetas = []
+    for i, name in enumerate(space.names):
+        for factor in np.linspace(1 - PROFILE_SPAN, 1 + PROFILE_SPAN, PROFILE_POINTS):
+            moved = theta.clone()
+            moved[i] = space.theta_of(name, max(float(values[name]) * factor, 1e-9))
+            thetas.append(space.project(moved))
+    scored = np.asarray(loss_fn.scored, dtype=bool)
+    defects = loss_fn.population(_stacked([space.params(t) for t in thetas]))[:, scored]
+    priors = np.array([float(space.prior_penalty(t)) for t in thetas])
+    scores = _scores(defects, priors, max(loss_fn.units, 1), config).reshape(len(space.names), PROFILE_POINTS)
+    out = {}
+    for i, name in enumerate(space.names):
+        along = np.array([float(space.values(t)[name]) for t in thetas[i * PROFILE_POINTS : (i + 1) * PROFILE_POINTS]])
+        near = along[scores[i] <= scores[i].min() * (1 + config.profile_tolerance)]
+        out[name] = (float(near.min()), float(near.max()))
+    return out
+
+
+def _scores(defects: np.ndarray, priors: np.ndarray, units: int, config: SysidConfig) -> np.ndarray:
+    """Robust loss (P,) of candidates' scored defects (P, K) and prior penalties (P,)."""
+    return robust_defects(defects, config.robust_scale).mean(-1) + priors / units
+
+
+def _stacked(candidates: list[Params]) -> Params:
+    """One environment per candidate (each of one environment)."""
+    return Params(**{n: torch.cat([getattr(p, n) for p in candidates]) for n in candidates[0].as_dict()})

@@ -1,0 +1,46 @@
+"""What an identification returns: its steps and its answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.physics.params import Params
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimiser step: parameter values before it, the losses there, and its gradient.
+
+    ``method`` is ``gradient`` (Adam; ``lr`` its learning rate) or ``search`` (a CMA-ES
+    generation; ``values`` its mean, ``loss`` the robust loss there, ``lr`` its step size,
+    ``gradient`` zero)."""
+
+    iteration: int
+    values: dict[str, float]
+    loss: float
+    unfiltered_loss: float
+    prior: float
+    kept_fraction: float
+    gradient: dict[str, float]
+    lr: float
+    wall_s: float
+    method: str = "gradient"
+
+
+@dataclass
+class Identification:
+    """The identified values (SI), the parameters for the engine, and the step history;
+    ``profile``: for each searched parameter, the range (low, high) (SI) of values on its
+    loss profile that score about as well as the answer
+    (:func:`~pipeline.sysid.evolution.profile_widths`)."""
+
+    values: dict[str, float]
+    params: Params
+    history: list[Step] = field(default_factory=list)
+    converged: bool = False
+    wall_s: float = 0.0
+    profile: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def iterations(self) -> int:
+        return len(self.history)
