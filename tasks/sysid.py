@@ -51,7 +51,7 @@ from tasks.caching import stage_cache_key
 from tasks.track import TRACKED_FILE, recording_folders
 
 STAGE = "sysid"
-STAGE_VERSION = "2"
+STAGE_VERSION = "3"
 OVERLAY_FILE = "identified.yaml"
 MJCF_FILE = "identified.xml"
 HISTORY_FILE = "history.parquet"
