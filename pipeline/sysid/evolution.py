@@ -1,4 +1,4 @@
-"""Gradient-free refinement of the contact parameters: CMA-ES over a robust Key Frame Loss.
+"""Gradient-free refinement (CMA-ES over a robust Key Frame Loss) after the gradient warm-up.
 
 The engine's contact gradients are straight-through (the friction impulse is
 detached, seed 000) and a key frame's defect jumps when the robot tips over an
@@ -6,8 +6,9 @@ edge in one execution and not in the other. Both break gradient descent for
 friction and restitution: their gradients drift, and a mean of squared defects is
 dominated by the few key frames where the engine and the data diverge, so it
 prefers whatever parameters make the dynamics least eventful (restitution driven
-to zero). :func:`refine` therefore fits ``config.search_parameters`` with
-CMA-ES (the ``cma`` package) on the *robust* loss
+to zero). :func:`refine` therefore fits ``config.search_parameters`` (by default
+the contact parameters and, from the warm-up's value, the motor speed) with CMA-ES
+(the ``cma`` package) on the *robust* loss
 
     rho(d) = d / (1 + d / c),    c = ``config.robust_scale``
 
