@@ -172,8 +172,8 @@ def summary_markdown(
         "",
         "## Identified parameters",
         "",
-        "| parameter | start | identified | twin's truth | error (%) |",
-        "|---|---|---|---|---|",
+        "| parameter | start | identified | profile range | twin's truth | error (%) |",
+        "|---|---|---|---|---|---|",
     ]
     values = {k.removeprefix("value."): v for k, v in sysid.items() if k.startswith("value.")}
     truth = truth_errors(configs, values) if configs.pipeline.hardware_backend == "twin" else {}
@@ -181,7 +181,9 @@ def summary_markdown(
         start = sysid.get(f"start.{name}", float("nan"))
         true = f"{truth[f'truth.{name}']:.4g}" if f"truth.{name}" in truth else ""
         error = f"{truth[f'truth_error_pct.{name}']:+.1f}" if f"truth_error_pct.{name}" in truth else ""
-        lines.append(f"| {name} | {start:.4g} | {value:.4g} | {true} | {error} |")
+        low, high = sysid.get(f"profile_low.{name}"), sysid.get(f"profile_high.{name}")
+        span = f"{low:.4g} to {high:.4g}" if low is not None and high is not None else ""
+        lines.append(f"| {name} | {start:.4g} | {value:.4g} | {span} | {true} | {error} |")
     gaits = read_manifest(refs["gaits"], verify_files=False)["summary"]
     found = {k: v for k, v in gaits.items() if k.endswith((".forward_m", ".rotation_deg"))}
     if found:

@@ -208,6 +208,8 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
         "evaluate/turning-start0.png",
     }
     assert {a.path for a in client.list_artifacts(run.info.run_id, "sysid")} >= {"sysid/identified.xml"}
+    summary_md = (evaluate_dir / "summary.md").read_text()
+    assert f"| {identified['ground']['friction']:.4g} | {low:.4g} to {high:.4g} |" in summary_md  # profile range
     # Prefect and MLflow link up: the flow run id as a tag there, the MLflow run id in the summary artifact here
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
