@@ -98,7 +98,15 @@ def test_summary_shows_the_gap_and_the_identified_values_against_the_twins_truth
     layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
     refs = {}
     for stage, summary in (
-        ("sysid", {"value.friction": 0.6, "start.friction": 0.8}),
+        (
+            "sysid",
+            {
+                "value.friction": 0.6,
+                "start.friction": 0.8,
+                "profile_low.friction": 0.5,
+                "profile_high.friction": 0.7,
+            },
+        ),
         ("gaits", {"forward.forward_m": 0.3}),
     ):
         folder = layout.stage_dir(1, stage)
@@ -110,6 +118,6 @@ def test_summary_shows_the_gap_and_the_identified_values_against_the_twins_truth
     ]
     markdown = summary_markdown(configs, 1, gap_summary(rows), refs, "MLflow run `abc`")
     truth = float(twin_true_params(configs.robot, configs.twin).friction[0])
-    assert f"| friction | 0.8 | 0.6 | {truth:.4g} | {100 * (0.6 - truth) / truth:+.1f} |" in markdown
+    assert f"| friction | 0.8 | 0.6 | 0.5 to 0.7 | {truth:.4g} | {100 * (0.6 - truth) / truth:+.1f} |" in markdown
     assert "| straight | 0.500 → 0.200 | 10.0 → 5.0 |" in markdown and "| all | 0.500 → 0.200 |" in markdown
     assert "MLflow run `abc`" in markdown and "- forward.forward_m: 0.300" in markdown
