@@ -162,7 +162,7 @@ def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data
     gaits = split_gaits(slow_motor_data, robot, 8.0)
     loss = KeyFrameLoss(engine, robot, {slow_motor_data.name: slow_motor_data}, gaits, Params.from_robot(robot), config)
     candidates = [Params.from_robot(robot, motor_speed=0.5), Params.from_robot(robot, motor_speed=0.7, friction=0.4)]
-    batched = loss.population(Params(**{n: torch.cat([getattr(c, n) for c in candidates]) for n in BOUNDS}))
+    batched = loss.population(Params.concat(candidates))
     single = np.stack([loss(expand_params(c, loss.units)).defects for c in candidates])
     np.testing.assert_allclose(batched, single, rtol=1e-12)
     assert batched.shape == (2, loss.units) and not np.allclose(batched[0], batched[1])

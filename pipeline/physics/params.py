@@ -68,6 +68,11 @@ class Params:
     def replace(self, **values: torch.Tensor) -> Params:
         return replace(self, **values)
 
+    @staticmethod
+    def concat(sets: list[Params]) -> Params:
+        """The environments of ``sets`` one after another (batch: the sum of theirs)."""
+        return Params(**{f.name: torch.cat([getattr(p, f.name) for p in sets]) for f in fields(Params)})
+
     def validate(self) -> Params:
         """Raise :class:`ParameterBoundsError` naming the parameter, environment and bounds."""
         batch = self.batch_size

@@ -78,7 +78,7 @@ def refine(
         mean = strategy.result.xfavorite
         samples = strategy.ask()
         thetas = [space.project(torch.tensor(x, dtype=torch.float64)) for x in [mean, *samples]]
-        defects = loss_fn.population(_stacked([space.params(t) for t in thetas]))[:, scored]
+        defects = loss_fn.population(Params.concat([space.params(t) for t in thetas]))[:, scored]
         priors = np.array([float(space.prior_penalty(t)) for t in thetas])
         scores = _scores(defects, priors, units, config)
         strategy.tell(samples, scores[1:].tolist())
@@ -100,7 +100,7 @@ def refine(
         if progress is not None:
             progress(step)
     final = space.project(torch.tensor(strategy.result.xfavorite, dtype=torch.float64))
-    defects = loss_fn.population(_stacked([space.params(final)]))[:, scored]
+    defects = loss_fn.population(space.params(final))[:, scored]
     if start_score < float(_scores(defects, np.array([float(space.prior_penalty(final))]), units, config)[0]):
         final = space.initial()
     return Identification(
@@ -134,7 +134,7 @@ def profile_widths(
             moved[i] = space.theta_of(name, max(float(values[name]) * factor, 1e-9))
             thetas.append(space.project(moved))
     scored = np.asarray(loss_fn.scored, dtype=bool)
-    defects = loss_fn.population(_stacked([space.params(t) for t in thetas]))[:, scored]
+    defects = loss_fn.population(Params.concat([space.params(t) for t in thetas]))[:, scored]
     priors = np.array([float(space.prior_penalty(t)) for t in thetas])
     scores = _scores(defects, priors, max(loss_fn.units, 1), config).reshape(len(space.names), PROFILE_POINTS)
     out = {}
@@ -148,8 +148,3 @@ def profile_widths(
 def _scores(defects: np.ndarray, priors: np.ndarray, units: int, config: SysidConfig) -> np.ndarray:
     """Robust loss (P,) of candidates' scored defects (P, K) and prior penalties (P,)."""
     return robust_defects(defects, config.robust_scale).mean(-1) + priors / units
-
-
-def _stacked(candidates: list[Params]) -> Params:
-    """One environment per candidate (each of one environment)."""
-    return Params(**{n: torch.cat([getattr(p, n) for p in candidates]) for n in candidates[0].as_dict()})
