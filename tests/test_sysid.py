@@ -19,6 +19,7 @@ from pipeline.physics.rollout import settle, state_from_caps
 from pipeline.physics.statics import equilibrium_rest_lengths
 from pipeline.policies import random_policy
 from pipeline.robot_model import length_to_target, reference_prism, resting_on_face
+from pipeline.sysid import losses
 from pipeline.sysid.data import EXTEND, HOLD, RETRACT, Recording, split_gaits
 from pipeline.sysid.evolution import refine, robust_defects
 from pipeline.sysid.identify import identify, identify_staged, planned_steps, robust_sum, unit_gradients
@@ -27,7 +28,7 @@ from pipeline.sysid.losses import KeyFrameLoss, make_loss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.synthetic import engine_recording
 from pipeline.sysid.validate import replay, split_holdout
-from pipeline.sysid.windows import expand_params
+from pipeline.sysid.windows import expand_params, run_windows
 
 DT = 0.005  # engine data and identification share the step, so the model is exact
 
@@ -308,3 +309,28 @@ def test_sysid_on_the_twin_halves_the_held_out_key_frame_error(tmp_path) -> None
     summary = r2s2r_iteration(str(config), iteration=1, overrides=overrides, stages=stages)
     manifest = json.loads((Path(summary["stages"]["sysid"]["ref"]["path"]) / "manifest.json").read_text())
     assert manifest["summary"]["holdout.key_frame_error_reduction_pct"] >= 50.0
+
+
+def test_a_chunk_whose_last_target_is_never_reached_does_not_hold_up_the_batch(
+    engine, slow_motor_data, default_configs, monkeypatch
+) -> None:
+    """Chunks are padded to the longest one with holds of their last target; where that target
+    is never reached, each hold must still end after a tick, not after the gait's timeout."""
+    robot = default_configs.robot
+    config = SysidConfig(parameters=("motor_speed",), dt_s=DT, chunk_s=1.0)
+    gaits = split_gaits(slow_motor_data, robot, 8.0)
+    gaits[0] = dataclasses.replace(gaits[0], target=np.full(6, 3.0))  # far outside the cables' range
+    loss = KeyFrameLoss(engine, robot, {slow_motor_data.name: slow_motor_data}, gaits, Params.from_robot(robot), config)
+    assert len(loss.chunks[0]) < max(len(c) for c in loss.chunks)
+    ends = []
+
+    def spied(*args, **kwargs):
+        trace, finished = run_windows(*args, **kwargs)
+        ends.append(float(trace.t_s[-1]))
+        return trace, finished
+
+    monkeypatch.setattr(losses, "run_windows", spied)
+    loss.population(Params.from_robot(robot))
+    tick_s = 1.0 / robot.pid.control_rate_hz
+    longest = max(sum(config.duration_cap * g.duration_s + tick_s for g in c) for c in loss.chunks)
+    assert ends[0] <= longest + (max(len(c) for c in loss.chunks) + 1) * tick_s

@@ -120,7 +120,8 @@ class KeyFrameLoss:
         n = max(len(c) for c in self.chunks)
         self.targets = torch.tensor(np.stack([_padded([g.target for g in c], n) for c in self.chunks]))
         durations = [[g.duration_s for g in c] for c in self.chunks]
-        self.timeout = np.stack([_padded(config.duration_cap * np.array(d) + self.tick_s, n) for d in durations])
+        caps = [config.duration_cap * np.array(d) + self.tick_s for d in durations]
+        self.timeout = np.stack([np.r_[c, np.full(n - len(c), self.tick_s)] for c in caps])
         self.data_durations = np.array([g.duration_s for g in self.gaits])
         self.scored = np.array(
             [
@@ -381,7 +382,8 @@ class MultipleShootingLoss(_PolicyRollouts):
 
 
 def _padded(targets: list[np.ndarray], n: int) -> np.ndarray:
-    """``targets`` (S, 6) padded to (n, 6) by repeating the last one (reached at once: a hold)."""
+    """``targets`` (S, 6) padded to (n, 6) by repeating the last one: a hold, which the padded
+    timeouts (one tick) end at once even where the last target was never reached."""
     rows = list(targets) + [targets[-1]] * (n - len(targets))
     return np.stack(rows)
 
