@@ -49,7 +49,7 @@ SMALL_SYSID = {
 """A sysid short enough for flow tests (its accuracy is tested in test_sysid.py)."""
 
 SMALL_GAITS = {
-    "search": {"depth": 2, "validate_top": 2, "shards": 2},
+    "search": {"depth": 2, "validate_top": 2},
     "straight_cycles": 1,
     "turn_cycles": 1,
 }

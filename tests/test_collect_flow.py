@@ -245,8 +245,8 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     expected = run.data.metrics["evaluate.gap.after.com_error_m"]
     assert row.split("│")[2].strip() == f"{expected:.4g}"  # iteration 1's column
 
-    # r2s2r rerun sysid with a new learning rate: collect, track and attach are reused (no hardware,
-    # no tracking), sysid and gaits recomputed; redeploy and evaluate are left stale (the robot would
+    # r2s2r rerun gaits with more straight cycles: collect, track, attach and sysid are reused (no
+    # hardware, no tracking), gaits recomputed; redeploy and evaluate are left stale (the robot would
     # have to run the new gaits)
     import tasks.track
 
@@ -258,15 +258,17 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
         return original_track(*args, **kwargs)
 
     monkeypatch.setattr(tasks.track, "track_recording", counting_track)
-    command = ["rerun", "sysid", "--config", config, "--iteration", "1", "--set", "sysid.lr=0.05"]
+    more_cycles = {"gaits.straight_cycles": 2}
+    command = ["rerun", "gaits", "--config", config, "--iteration", "1", "--set", "gaits.straight_cycles=2"]
     result = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert executions == [1] * 4 and tracking == []
     assert "needs the hardware" in result.output
-    assert stage_status(changed, 1) == {
+    assert stage_status(load_all(config, more_cycles), 1) == {
         **dict.fromkeys(("collect", "track", "attach", "sysid", "gaits"), "cached"),
         **dict.fromkeys(("redeploy", "evaluate"), "stale"),
     }
-    assert stage_status(configs, 1)["sysid"] == "stale"  # its folder now holds the lr = 0.05 output
+    assert stage_status(configs, 1)["gaits"] == "stale"  # its folder now holds the two-cycle output
+    assert stage_status(configs, 1)["sysid"] == "cached"
     refused = CliRunner().invoke(app, ["rerun", "collect", "--config", config])
     assert refused.exit_code == 2 and "--recollect" in refused.output
