@@ -26,7 +26,7 @@ from pipeline.sysid.identify import identify, identify_staged, planned_steps, ro
 from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
 from pipeline.sysid.losses import KeyFrameLoss, make_loss
 from pipeline.sysid.parameters import ParameterSpace
-from pipeline.sysid.synthetic import engine_recording
+from pipeline.sysid.synthetic import engine_recording, exact_states
 from pipeline.sysid.validate import replay, split_holdout
 from pipeline.sysid.windows import expand_params, run_windows
 
@@ -334,3 +334,25 @@ def test_a_chunk_whose_last_target_is_never_reached_does_not_hold_up_the_batch(
     tick_s = 1.0 / robot.pid.control_rate_hz
     longest = max(sum(config.duration_cap * g.duration_s + tick_s for g in c) for c in loss.chunks)
     assert ends[0] <= longest + (max(len(c) for c in loss.chunks) + 1) * tick_s
+
+
+def test_exact_start_states_reproduce_the_data_and_lower_the_key_frame_error(engine, default_configs) -> None:
+    """``exact_states`` are the engine's own states where the chunks start (their caps are the
+    noise-free data's), and a loss started from them sees smaller key-frame errors at the truth
+    than one started from the settled observations (which start with zero velocity)."""
+    robot = default_configs.robot
+    truth = Params.from_robot(robot, motor_speed=0.7, friction=0.5, restitution=0.3)
+    targets = random_policy(robot, 8, seed=2).targets
+    data = engine_recording(engine, truth, robot, targets, caps_rate_hz=robot.pid.control_rate_hz)
+    config = SysidConfig(parameters=("friction",), dt_s=DT, chunk_s=1.0)
+    observed = KeyFrameLoss(engine, robot, {data.name: data}, split_gaits(data, robot, 8.0), truth, config)
+    assert len(observed.chunks) >= 2
+    states = exact_states(engine, truth, robot, targets, [chunk[0].index for chunk in observed.chunks])
+    exact = observed.with_start_states(states)
+    starts_s = [chunk[0].start_s for chunk in observed.chunks]
+    np.testing.assert_allclose(exact.starts.caps_m.numpy(), data.caps_at(np.array(starts_s)), atol=1e-9)
+    with torch.no_grad():
+        errors = [loss(expand_params(truth, loss.units)).cap_errors_m[loss.scored].mean() for loss in (observed, exact)]
+    assert errors[1] < 0.5 * errors[0]
+    with pytest.raises(ValueError, match="one start state per chunk"):
+        observed.with_start_states(states.index(slice(0, 1)))

@@ -56,6 +56,11 @@ class State:
         """The sub-batch ``envs``."""
         return State(**{f.name: getattr(self, f.name)[envs] for f in fields(self)})
 
+    @staticmethod
+    def concat(states: list[State]) -> State:
+        """The environments of ``states`` as one batch, in order."""
+        return State(**{f.name: torch.cat([getattr(s, f.name) for s in states]) for f in fields(State)})
+
 
 def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Cross product on the last axis, broadcasting (faster than linalg.cross for many small vectors)."""

@@ -19,6 +19,7 @@ by the tracking noise: a loss of 1 means a typical end-cap defect of one
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from pipeline.config import RobotConfig, SysidConfig
-from pipeline.physics.engine import Engine
+from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
 from pipeline.physics.rollout import Trace
 from pipeline.sysid.data import Gait, Recording
@@ -150,6 +151,16 @@ class KeyFrameLoss:
         return LossValue(
             loss, defects[0].detach().numpy(), errors[0], self.scored, kept, engine_durations[0], self.data_durations
         )
+
+    def with_start_states(self, state: State) -> KeyFrameLoss:
+        """This loss with its chunks started from ``state`` (one environment per chunk, in
+        ``chunks`` order) instead of the settled observations: for start-state estimators, and to
+        measure what the reconstruction costs (exact states on engine data)."""
+        if state.batch_size != len(self.chunks):
+            raise ValueError(f"need one start state per chunk ({len(self.chunks)}), got {state.batch_size}")
+        other = copy.copy(self)
+        other.starts = replace(self.starts, state=state, caps_m=self.engine.cap_positions(state).detach())
+        return other
 
     def population(self, candidates: Params) -> np.ndarray:
         """Weighted squared key-frame defects (P, units) of ``candidates`` (P environments, one
