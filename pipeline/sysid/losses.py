@@ -393,8 +393,9 @@ class MultipleShootingLoss(_PolicyRollouts):
 
 
 def _padded(targets: list[np.ndarray], n: int) -> np.ndarray:
-    """``targets`` (S, 6) padded to (n, 6) by repeating the last one: a hold, which the padded
-    timeouts (one tick) end at once even where the last target was never reached."""
+    """``targets`` (S, 6) padded to (n, 6) by repeating the last one: a hold (the KFL gives the
+    padded segments a one-tick timeout, so they end at once even where that target was never
+    reached; the other losses stop at their time span)."""
     rows = list(targets) + [targets[-1]] * (n - len(targets))
     return np.stack(rows)
 
