@@ -103,9 +103,9 @@ def refine(
     defects = loss_fn.population(space.params(final))[:, scored]
     if start_score < float(_scores(defects, np.array([float(space.prior_penalty(final))]), units, config)[0]):
         final = space.initial()
-    return Identification(
-        values={n: float(v) for n, v in space.values(final).items()},
-        params=space.params(final),
+    return Identification.at(
+        space,
+        final,
         history=history,
         converged=False,
         wall_s=time.perf_counter() - began,

@@ -104,9 +104,9 @@ def identify(
     final = averaged
     if best.unfiltered_loss + best.prior / max(loss_fn.units, 1) < averaged_loss:
         final = torch.tensor([space.theta_of(n, best.values[n]) for n in space.names], dtype=torch.float64)
-    return Identification(
-        values={n: float(v) for n, v in space.values(final).items()},
-        params=space.params(final),
+    return Identification.at(
+        space,
+        final,
         history=history,
         converged=converged,
         wall_s=time.perf_counter() - start,

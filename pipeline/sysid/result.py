@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from pipeline.physics.params import Params
+from pipeline.sysid.parameters import ParameterSpace
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,13 @@ class Identification:
     converged: bool = False
     wall_s: float = 0.0
     profile: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    @classmethod
+    def at(cls, space: ParameterSpace, theta: torch.Tensor, **rest: object) -> Identification:
+        """The answer ``theta`` (``space``'s scaled coordinates) with its values and parameters;
+        ``rest``: the other fields."""
+        values = {n: float(v) for n, v in space.values(theta).items()}
+        return cls(values=values, params=space.params(theta), **rest)
 
     @property
     def iterations(self) -> int:
