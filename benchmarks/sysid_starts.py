@@ -2,10 +2,15 @@
 
 Engine data as in ``benchmarks.sysid`` (motor speed 0.7, friction 0.5, restitution
 0.3; end caps at 10 Hz with ``--noise`` Gaussian noise, cables with half that). The
-KFL's chunks are started two ways:
+KFL's chunks are started these ways:
 
 * **observed**: as the stage does, from the tracked caps and sensed cables, settled
   with zero velocity (:func:`~pipeline.sysid.windows.window_starts`);
+* **fitted**: the observed starts of the lead-in chunks fitted, with the true
+  parameters, to the data of their lead-ins
+  (:meth:`~pipeline.sysid.losses.KeyFrameLoss.with_fitted_starts`), as the stage does;
+  and the same fitted with friction ``--biased-friction`` (the fit's dependence on the
+  parameters it is run with, which the stage's refit at its estimate reduces);
 * **exact**: the engine's own states at those instants
   (:func:`~pipeline.sysid.synthetic.exact_states`), as a perfect state estimator
   would give them.
@@ -71,6 +76,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/pipeline/default.yaml")
     parser.add_argument("--targets", type=int, default=70, help="random targets (~0.43 s each)")
     parser.add_argument("--noise", type=float, default=0.002, help="end-cap tracking noise (m)")
+    parser.add_argument("--biased-friction", type=float, default=0.4, help="friction of the biased start fit")
     args = parser.parse_args()
     torch.set_num_threads(2)
     configs = load_all(args.config)
@@ -82,17 +88,36 @@ def main() -> None:
     data = engine_recording(engine, truth, robot, targets, segment_timeout_s=TIMEOUT_S, **noise)
     began = time.perf_counter()
     observed = KeyFrameLoss(engine, robot, {data.name: data}, split_gaits(data, robot, TIMEOUT_S), truth, config)
+    fit_began = time.perf_counter()
+    fitted = observed.with_fitted_starts(truth)
+    fit_s = time.perf_counter() - fit_began
+    biased = observed.with_fitted_starts(Params.from_robot(robot, **{**ENGINE_TRUTH, "friction": args.biased_friction}))
     segments = [chunk[0].index for chunk in observed.chunks]
     exact = observed.with_start_states(exact_states(engine, truth, robot, targets, segments, TIMEOUT_S))
-    start_error_mm = 1000 * (observed.starts.caps_m - exact.starts.caps_m).norm(dim=-1).numpy()
+    lead_in = torch.as_tensor(observed.lead_in)
+
+    def start_errors(loss: KeyFrameLoss) -> dict[str, float]:
+        """Median errors of the lead-in chunks' start caps (mm) and rod velocities (m/s)."""
+        caps_mm = 1000 * (loss.starts.caps_m - exact.starts.caps_m)[lead_in].norm(dim=-1)
+        speed = (loss.starts.state.vel - exact.starts.state.vel)[lead_in].norm(dim=-1)
+        return {
+            "start_cap_error_median_mm": float(caps_mm.median()),
+            "start_vel_error_median_m_s": float(speed.median()),
+        }
+
     report = {
         "trajectory_s": float(data.t_s[-1]),
         "noise_m": args.noise,
         "chunks": len(observed.chunks),
         "scored_key_frames": int(observed.scored.sum()),
-        "start_cap_error_median_mm": float(np.median(start_error_mm)),
         "start_speed_median_m_s": float(np.median(exact.starts.state.vel.norm(dim=-1).amax(-1).numpy())),
-        "observed": figures(observed, robot, config.robust_scale),
+        "start_fit_wall_s": fit_s,
+        "observed": {**start_errors(observed), **figures(observed, robot, config.robust_scale)},
+        "fitted": {**start_errors(fitted), **figures(fitted, robot, config.robust_scale)},
+        f"fitted_at_friction_{args.biased_friction}": {
+            **start_errors(biased),
+            **figures(biased, robot, config.robust_scale),
+        },
         "exact": figures(exact, robot, config.robust_scale),
     }
     report["wall_s"] = time.perf_counter() - began

@@ -344,6 +344,25 @@ class SysidConfig(StrictModel):
         default=2.0, description="KFL: consecutive gaits run as one engine rollout of about this much data (s)."
     )
     settle_s: Positive = Field(default=0.3, description="Settling time of each window's start state (s).")
+    start_fit_iterations: Annotated[int, Field(ge=0)] = Field(
+        default=8,
+        description="KFL: Levenberg-Marquardt steps fitting each lead-in chunk's start state to the data "
+        "after it (0: settled observed starts only).",
+    )
+    start_fit_span_s: Positive = Field(
+        default=0.6, description="KFL: the data a start state is fitted to, at most this long into the lead-in (s)."
+    )
+    start_fit_caps_sigma_m: Positive = Field(
+        default=0.002, description="KFL start fit: std of a tracked end cap (m), the tracking noise."
+    )
+    start_fit_cable_sigma_m: Positive = Field(
+        default=0.001, description="KFL start fit: std of a sensed cable length (m), the sensor noise."
+    )
+    start_refits: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description="KFL: fit the lead-in start states at the estimate and search again, this many times "
+        "(measured on engine data: it moves the answer within friction's flat valley, no closer to the truth).",
+    )
     data_window: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="Identify from the trajectories of the last this many iterations (null: all so far)."
     )

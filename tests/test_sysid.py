@@ -208,11 +208,20 @@ def test_search_fits_through_diverging_key_frames_and_profiles_the_widths(defaul
 
 
 def test_staged_identification_plans_warm_up_gradient_and_search() -> None:
-    assert planned_steps(SysidConfig(iterations=25, warmup_iterations=15, search_generations=15)) == 15 + 15
-    only_gradient = SysidConfig(iterations=25, warmup_iterations=15, search_generations=0)
+    once = {"start_refits": 0}
+    assert planned_steps(SysidConfig(iterations=25, warmup_iterations=15, search_generations=15, **once)) == 15 + 15
+    only_gradient = SysidConfig(iterations=25, warmup_iterations=15, search_generations=0, **once)
     assert planned_steps(only_gradient) == 15 + 25
-    mixed = SysidConfig(iterations=25, warmup_iterations=15, search_parameters=("friction",), search_generations=10)
+    mixed = SysidConfig(
+        iterations=25, warmup_iterations=15, search_parameters=("friction",), search_generations=10, **once
+    )
     assert planned_steps(mixed) == 15 + 25 + 10  # motor speed warmed up, then with restitution by gradient
+    # each refit of the KFL's start states is followed by the search again (without one: every stage)
+    assert planned_steps(mixed.model_copy(update={"start_refits": 2})) == 15 + 25 + 3 * 10
+    assert planned_steps(only_gradient.model_copy(update={"start_refits": 1})) == 2 * (15 + 25)
+    no_fit = {"start_refits": 1, "start_fit_iterations": 0}
+    assert planned_steps(mixed.model_copy(update=no_fit)) == 15 + 25 + 10
+    assert planned_steps(mixed.model_copy(update={"start_refits": 1, "loss": "last_step"})) == 15 + 25 + 10
 
 
 @pytest.mark.slow
@@ -359,3 +368,77 @@ def test_exact_start_states_reproduce_the_data_and_lower_the_key_frame_error(eng
     assert errors[1] < 0.5 * errors[0]
     with pytest.raises(ValueError, match="one start state per chunk"):
         observed.with_start_states(states.index(slice(0, 1)))
+
+
+def test_fitted_starts_reproduce_the_lead_ins_and_lower_the_key_frame_error(engine, default_configs) -> None:
+    """Fitted to their lead-ins' noisy caps (10 Hz) and cables (50 Hz) with the true parameters,
+    the lead-in chunks' starts reproduce the lead-in gaits (the settled starts, with no velocity,
+    do not) and the scored key frames at the truth are matched better; the chunk that starts the
+    recording keeps its settled start, and no fit iterations keep them all."""
+    robot = default_configs.robot
+    truth = Params.from_robot(robot, motor_speed=0.7, friction=0.5, restitution=0.3)
+    data = engine_recording(
+        engine, truth, robot, random_policy(robot, 14, seed=2).targets, caps_noise_m=0.002, cable_noise_m=0.001
+    )
+    gaits = split_gaits(data, robot, 8.0)
+    config = SysidConfig(parameters=("friction",), dt_s=DT, chunk_s=1.0, start_fit_iterations=4)
+    observed = KeyFrameLoss(engine, robot, {data.name: data}, gaits, truth, config)
+    assert not observed.lead_in[0] and observed.lead_in.sum() >= 3
+    fitted = observed.with_fitted_starts(truth)
+    lead_in = torch.as_tensor(observed.lead_in)
+    assert torch.equal(fitted.starts.state.pos[~lead_in], observed.starts.state.pos[~lead_in])
+    assert not torch.equal(fitted.starts.state.vel[lead_in], observed.starts.state.vel[lead_in])
+    with torch.no_grad():
+        values = [loss(expand_params(truth, loss.units)) for loss in (observed, fitted)]
+    first_gaits = np.cumsum([0] + [len(c) for c in observed.chunks])[:-1][observed.lead_in]
+    lead_in_errors = [v.cap_errors_m[first_gaits].mean() for v in values]
+    scored_errors = [v.cap_errors_m[v.scored].mean() for v in values]
+    assert lead_in_errors[1] < 0.7 * lead_in_errors[0]
+    assert scored_errors[1] < 0.9 * scored_errors[0]
+    unfitted = KeyFrameLoss(
+        engine, robot, {data.name: data}, gaits, truth, config.model_copy(update={"start_fit_iterations": 0})
+    ).with_fitted_starts(truth)
+    assert torch.equal(unfitted.starts.state.vel, observed.starts.state.vel)
+
+
+def test_staged_identification_refits_the_starts_at_its_estimate(
+    engine, slow_motor_data, default_configs, monkeypatch
+) -> None:
+    """With ``start_refits``, the first search runs on the settled starts; then, each time, the
+    starts are fitted at the estimate so far and the search runs again from it."""
+    robot = default_configs.robot
+    config = SysidConfig(
+        parameters=("motor_speed",),
+        dt_s=DT,
+        chunk_s=1.0,
+        warmup_iterations=0,
+        search_generations=2,
+        search_population=2,
+        start_refits=2,
+        start_fit_iterations=1,
+    )
+    start = Params.from_robot(robot)
+    gaits = split_gaits(slow_motor_data, robot, 8.0)
+    loss = KeyFrameLoss(engine, robot, {slow_motor_data.name: slow_motor_data}, gaits, start, config)
+    fitted_at, searches = [], []
+    fit = KeyFrameLoss.with_fitted_starts
+
+    def fit_spy(self, params):
+        fitted_at.append(float(params.motor_speed[0]))
+        return fit(self, params)
+
+    def refine_spy(loss_fn, space, config, progress=None):
+        result = refine(loss_fn, space, config, progress)
+        searches.append((loss_fn, float(space.start.motor_speed[0]), result.values["motor_speed"]))
+        return result
+
+    monkeypatch.setattr(KeyFrameLoss, "with_fitted_starts", fit_spy)
+    monkeypatch.setattr("pipeline.sysid.identify.refine", refine_spy)
+    result = identify_staged(loss, start, config)
+    assert len(result.history) == planned_steps(config) == 3 * 2
+    assert len(searches) == 3 and searches[0][0] is loss
+    assert fitted_at == [searches[0][2], searches[1][2]]
+    for (_, _, answer), (after, started, _) in itertools.pairwise(searches):
+        assert started == answer
+        assert not torch.equal(after.starts.state.vel, after.settled.state.vel)
+    assert result.values["motor_speed"] == searches[2][2]

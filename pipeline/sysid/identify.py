@@ -40,7 +40,7 @@ import torch
 from pipeline.config import SysidConfig
 from pipeline.physics.params import Params
 from pipeline.sysid.evolution import refine
-from pipeline.sysid.losses import LossValue, TrajectoryLoss
+from pipeline.sysid.losses import KeyFrameLoss, LossValue, TrajectoryLoss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.result import Identification, Step
 from pipeline.sysid.windows import expand_params
@@ -163,6 +163,12 @@ def identify_staged(
        ``config.search_parameters``, from the values the gradient stages reached (a warmed-up
        parameter may be searched again: the warm-up only gives the search its start).
 
+    With the Key Frame Loss and ``config.start_fit_iterations``, the lead-in chunks' start states
+    are then ``config.start_refits`` times fitted at the estimate
+    (:meth:`~pipeline.sysid.losses.KeyFrameLoss.with_fitted_starts`), each time followed by the
+    search again (or, without a search, the gradient stages). The first pass uses the settled
+    starts: a fit at parameters far from the data's (the nominal motor speed) would bend them.
+
     The history holds every stage in order, each step with every parameter's value (those not
     fitted in a stage at their current values, with zero gradient).
     """
@@ -172,14 +178,18 @@ def identify_staged(
     profile: dict[str, tuple[float, float]] = {}
     current = start
     converged = True
-    for names, stage_config in stages:
-        result = identify(loss_fn, _space(names, current, config), stage_config, progress)
-        history += _with_every_value(result.history, current, config.parameters, len(history))
-        current, converged = result.params, result.converged
-    if searched:
-        result = refine(loss_fn, _space(searched, current, config), config, progress)
-        history += _with_every_value(result.history, current, config.parameters, len(history))
-        current, profile = result.params, result.profile
+    fits_starts = isinstance(loss_fn, KeyFrameLoss) and config.start_fit_iterations > 0
+    for fit_round in range(1 + (config.start_refits if fits_starts else 0)):
+        if fit_round > 0:
+            loss_fn = loss_fn.with_fitted_starts(current)
+        for names, stage_config in stages if fit_round == 0 or not searched else []:
+            result = identify(loss_fn, _space(names, current, config), stage_config, progress)
+            history += _with_every_value(result.history, current, config.parameters, len(history))
+            current, converged = result.params, result.converged
+        if searched:
+            result = refine(loss_fn, _space(searched, current, config), config, progress)
+            history += _with_every_value(result.history, current, config.parameters, len(history))
+            current, profile = result.params, result.profile
     return Identification(
         values={n: float(getattr(current, n)[0]) for n in config.parameters},
         params=current,
@@ -193,7 +203,11 @@ def identify_staged(
 def planned_steps(config: SysidConfig) -> int:
     """The most steps :func:`identify_staged` takes with ``config`` (gradient steps and generations)."""
     searched, stages = _plan(config)
-    return sum(c.iterations for _, c in stages) + (config.search_generations if searched else 0)
+    refits = config.start_refits if config.loss == "kfl" and config.start_fit_iterations else 0
+    gradient_steps = sum(c.iterations for _, c in stages)
+    if searched:
+        return gradient_steps + (1 + refits) * config.search_generations
+    return (1 + refits) * gradient_steps
 
 
 def _plan(config: SysidConfig) -> tuple[tuple[str, ...], list[tuple[tuple[str, ...], SysidConfig]]]:

@@ -32,6 +32,7 @@ from pipeline.physics.params import Params
 from pipeline.physics.rollout import Trace
 from pipeline.sysid.data import Gait, Recording
 from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
+from pipeline.sysid.start_fit import LeadIn, fit_start_states
 from pipeline.sysid.windows import WindowStarts, expand_params, run_windows, window_starts
 
 
@@ -96,7 +97,8 @@ class KeyFrameLoss:
     from gait to gait, as the robot does, but the gradient is detached at every gait change: each
     key frame's gradient comes from its own gait only. A settled start has no velocity, which the
     robot mid-way through a trajectory has; so the first gait of a chunk that does not start the
-    recording is a lead-in: run, but not scored.
+    recording is a lead-in: run, but not scored. :meth:`with_fitted_starts` corrects those chunks'
+    starts, velocity included, from the data of their lead-ins.
     """
 
     name = "kfl"
@@ -118,6 +120,7 @@ class KeyFrameLoss:
         self.gaits = [g for chunk in self.chunks for g in chunk]
         starts = [(recordings[chunk[0].recording], chunk[0].start_s) for chunk in self.chunks]
         self.starts = window_starts(engine, params0, robot, starts, config.settle_s)
+        self.settled = self.starts
         n = max(len(c) for c in self.chunks)
         self.targets = torch.tensor(np.stack([_padded([g.target for g in c], n) for c in self.chunks]))
         durations = [[g.duration_s for g in c] for c in self.chunks]
@@ -135,6 +138,7 @@ class KeyFrameLoss:
         self.group = np.array([names.index(g.recording) for g in self.gaits])
         self.units = len(self.gaits)
         first = np.cumsum([0] + [len(c) for c in self.chunks])[:-1]
+        self.lead_in = ~self.scored[first]
         self.unit_index = torch.tensor(
             [[first[c] + min(j, len(chunk) - 1) for j in range(n)] for c, chunk in enumerate(self.chunks)]
         )
@@ -161,6 +165,40 @@ class KeyFrameLoss:
         other = copy.copy(self)
         other.starts = replace(self.starts, state=state, caps_m=self.engine.cap_positions(state).detach())
         return other
+
+    def with_fitted_starts(self, params: Params) -> KeyFrameLoss:
+        """This loss with each chunk that starts on a lead-in started from its settled observation
+        fitted with ``params`` (one environment) to the data of the lead-in's first
+        ``config.start_fit_span_s`` (:func:`~pipeline.sysid.start_fit.fit_start_states`); the
+        chunks that start a recording keep their settled starts (the robot is at rest there)."""
+        rows = np.flatnonzero(self.lead_in)
+        states = [self.settled.state.index(slice(k, k + 1)) for k in range(len(self.chunks))]
+        if len(rows) and self.config.start_fit_iterations:
+            index = torch.as_tensor(rows)
+            leads = [
+                LeadIn(
+                    self.recordings[self.chunks[k][0].recording],
+                    self.chunks[k][0].start_s,
+                    min(self.chunks[k][0].duration_s, self.config.start_fit_span_s),
+                )
+                for k in rows
+            ]
+            settled = replace(self.settled, state=self.settled.state.index(index))
+            fitted = fit_start_states(
+                self.engine,
+                params,
+                self.robot,
+                settled,
+                leads,
+                self.targets[index],
+                self.timeout[rows],
+                self.config.start_fit_iterations,
+                self.config.start_fit_caps_sigma_m,
+                self.config.start_fit_cable_sigma_m,
+            )
+            for j, k in enumerate(rows):
+                states[k] = fitted.index(slice(j, j + 1))
+        return self.with_start_states(State.concat(states))
 
     def population(self, candidates: Params) -> np.ndarray:
         """Weighted squared key-frame defects (P, units) of ``candidates`` (P environments, one

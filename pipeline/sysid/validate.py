@@ -2,8 +2,9 @@
 
 Two replays of the same held-out gaits of a recording:
 
-* key frames: the gaits run as in the Key Frame Loss (chunks from observations,
-  own timing, no mask filter); the end-cap displacement error at every key frame;
+* key frames: the gaits run as in the Key Frame Loss (chunks from observations, the
+  lead-in chunks' starts fitted with the replayed parameters, own timing, no mask
+  filter); the end-cap displacement error at every key frame;
 * open loop: all held-out gaits in one rollout from the observation at the first
   one's start, as a policy would be executed; at the end (each execution at the end
   of its own last gait) the centre-of-mass error (m and % of rod length), the heading
@@ -75,7 +76,7 @@ def replay(
         raise ValueError(f"recording '{recording.name}': no held-out gaits to replay")
     keyframes = KeyFrameLoss(
         engine, robot, {recording.name: recording}, gaits, params, config.model_copy(update={"mask_filter": False})
-    )
+    ).with_fitted_starts(params)
     with torch.no_grad():
         scored = keyframes(params)
     cap_errors = scored.cap_errors_m[keyframes.scored]

@@ -1,0 +1,171 @@
+"""Window start states fitted, through the engine, to what the robot did just after them.
+
+A settled start (:func:`~pipeline.sysid.windows.window_starts`) has the tracked pose
+to within the tracking noise but no velocity, and its motors and rest lengths are
+those of a robot at rest; mid-way through a trajectory the robot moves. At the true
+parameters those errors alone leave the Key Frame Loss a floor larger than a 10 %
+change of friction adds (``benchmarks.sysid_starts``). Here each start is corrected
+by the state perturbation whose rollout (the window's own policy, from the start)
+best matches the data over the first ``span`` seconds: tracked end caps at their
+frames and sensed cable lengths at every control tick, weighted by their noise.
+
+The perturbation has :data:`COORDINATES` coordinates per window, each in its own scale
+(:data:`SCALES`): rod translations and rotations, linear and angular velocities, the
+six actuated rest lengths and motor speeds. It is found by Levenberg-Marquardt with
+a forward-difference Jacobian (every window and coordinate one environment of a
+single engine batch; the engine's own gradient with respect to a state through
+ground contact is too rough for this), with a weak prior toward the settled start
+for directions the data does not fix. The fit depends on the parameters it is run
+with; :func:`~pipeline.sysid.identify.identify_staged` refits at its estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from pipeline.config import RobotConfig
+from pipeline.physics.engine import Engine, State
+from pipeline.physics.params import Params
+from pipeline.physics.rotations import quat_integrate
+from pipeline.sysid.data import Recording
+from pipeline.sysid.windows import WindowStarts, expand_params, run_windows
+
+SCALES = {
+    "pos": 1e-3,
+    "rotation": 1e-2,
+    "vel": 0.05,
+    "omega": 0.5,
+    "rest_length": 1e-3,
+    "motor_omega": 5.0,
+}
+"""Scale of each perturbed part of a start state: m, rad, m/s, rad/s, m, rad/s."""
+COORDINATES = 3 * 3 * 4 + 6 + 6
+"""Perturbation coordinates per window: 3 rods x (translation, rotation, velocity, angular
+velocity), 6 rest lengths, 6 motor speeds."""
+DIFFERENCE_STEP = 0.3
+"""Forward-difference step of the Jacobian, in each coordinate's scale."""
+PRIOR_WEIGHT = 0.1
+"""Weight of the prior toward the settled start, per coordinate (in units of one scale)."""
+
+
+@dataclass(frozen=True)
+class LeadIn:
+    """What a window's start is fitted to: the recording and its start time ``t_s`` (s) and the
+    fitted ``span_s`` (s) after it."""
+
+    recording: Recording
+    t_s: float
+    span_s: float
+
+
+def perturbed(state: State, z: torch.Tensor) -> State:
+    """``state`` (B envs) moved by ``z`` (B, :data:`COORDINATES`) in units of :data:`SCALES`."""
+    batch = state.batch_size
+    parts = torch.split(z, [9, 9, 9, 9, 6, 6], dim=1)
+    pos, rotation, vel, omega = (p.reshape(batch, 3, 3) for p in parts[:4])
+    return State(
+        pos=state.pos + pos * SCALES["pos"],
+        quat=quat_integrate(state.quat, rotation * SCALES["rotation"], 1.0),
+        vel=state.vel + vel * SCALES["vel"],
+        omega=state.omega + omega * SCALES["omega"],
+        rest_length=state.rest_length + parts[4] * SCALES["rest_length"],
+        motor_omega=state.motor_omega + parts[5] * SCALES["motor_omega"],
+    )
+
+
+class _Observations:
+    """The lead-ins' data on the engine's control ticks: end caps at the tracked frames (padded
+    to the most frames of any window, with a mask) and cable lengths at every tick."""
+
+    def __init__(self, leads: list[LeadIn], tick_s: float) -> None:
+        self.ticks = int(np.ceil(max(lead.span_s for lead in leads) / tick_s + 1e-9)) + 1
+        offsets = tick_s * np.arange(self.ticks)
+        self.cables_m = torch.tensor(
+            np.stack([[lead.recording.cables_at(lead.t_s + o) for o in offsets] for lead in leads])
+        )
+        self.cable_mask = torch.tensor(offsets[None] <= np.array([lead.span_s for lead in leads])[:, None] + 1e-9)
+        frames = []
+        for lead in leads:
+            times = lead.recording.caps_t_s
+            inside = (times >= lead.t_s - 1e-9) & (times <= lead.t_s + lead.span_s + 1e-9)
+            frames.append((np.round((times[inside] - lead.t_s) / tick_s).astype(int), lead.recording.caps_m[inside]))
+        most = max(1, max(len(ticks) for ticks, _ in frames))
+        self.cap_ticks = torch.zeros(len(leads), most, dtype=torch.long)
+        self.caps_m = torch.zeros(len(leads), most, 6, 3, dtype=torch.float64)
+        self.cap_mask = torch.zeros(len(leads), most, dtype=torch.bool)
+        for b, (ticks, caps) in enumerate(frames):
+            self.cap_ticks[b, : len(ticks)] = torch.as_tensor(ticks).clamp(max=self.ticks - 1)
+            self.caps_m[b, : len(ticks)] = torch.as_tensor(caps)
+            self.cap_mask[b, : len(ticks)] = True
+
+
+def fit_start_states(
+    engine: Engine,
+    params: Params,
+    robot: RobotConfig,
+    starts: WindowStarts,
+    leads: list[LeadIn],
+    targets: torch.Tensor,
+    timeout_s: np.ndarray,
+    iterations: int,
+    caps_sigma_m: float,
+    cable_sigma_m: float,
+) -> State:
+    """``starts`` corrected to fit ``leads`` (one per window) with ``params`` (one environment);
+    ``targets`` (B, S, 6) and ``timeout_s`` (B, S) are the windows' policies, as run from them;
+    the residuals are weighted by the tracking and cable-sensor noise (m)."""
+    batch = starts.state.batch_size
+    if len(leads) != batch:
+        raise ValueError(f"need one lead-in per start ({batch}), got {len(leads)}")
+    tick_s = 1.0 / robot.pid.control_rate_hz
+    observed = _Observations(leads, tick_s)
+    one = Params(**{n: v.detach() for n, v in params.as_dict().items()})
+
+    def residuals(z: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Weighted residuals (N, R) of perturbations ``z`` (N, COORDINATES) of windows ``rows``."""
+        state = perturbed(starts.state.index(rows), z)
+        with torch.no_grad():
+            trace, _ = run_windows(
+                engine,
+                expand_params(one, len(rows)),
+                replace(starts, state=state),
+                targets[rows],
+                robot.pid,
+                timeout_s[rows.numpy()],
+                robot.pid.latency_s,
+                max_time_s=(observed.ticks - 1) * tick_s + 1e-9,
+            )
+        caps = trace.caps_m[:, : observed.ticks]
+        cables = trace.cables_m[:, : observed.ticks]
+        if caps.shape[1] < observed.ticks:
+            pad = observed.ticks - caps.shape[1]
+            caps = torch.cat([caps, caps[:, -1:].expand(-1, pad, -1, -1)], 1)
+            cables = torch.cat([cables, cables[:, -1:].expand(-1, pad, -1)], 1)
+        at_frames = caps[torch.arange(len(rows))[:, None], observed.cap_ticks[rows]]
+        cap_res = (at_frames - observed.caps_m[rows]) / caps_sigma_m * observed.cap_mask[rows, :, None, None]
+        cable_res = (cables - observed.cables_m[rows]) / cable_sigma_m * observed.cable_mask[rows, :, None]
+        return torch.cat([cap_res.flatten(1), cable_res.flatten(1), PRIOR_WEIGHT * z], 1)
+
+    every = torch.arange(batch)
+    z = torch.zeros(batch, COORDINATES, dtype=torch.float64)
+    damping = torch.full((batch,), 1e-2, dtype=torch.float64)
+    current = residuals(z, every)
+    cost = (current**2).sum(1)
+    steps = DIFFERENCE_STEP * torch.eye(COORDINATES, dtype=torch.float64).repeat(batch, 1)
+    for _ in range(iterations):
+        moved = residuals(z.repeat_interleave(COORDINATES, 0) + steps, every.repeat_interleave(COORDINATES))
+        jacobian = (moved.reshape(batch, COORDINATES, -1) - current[:, None]) / DIFFERENCE_STEP
+        normal = jacobian @ jacobian.transpose(1, 2)
+        diagonal = torch.diag_embed(normal.diagonal(dim1=1, dim2=2) + 1e-6)
+        step = -torch.linalg.solve(normal + damping[:, None, None] * diagonal, jacobian @ current[:, :, None])[..., 0]
+        trial = residuals(z + step, every)
+        trial_cost = (trial**2).sum(1)
+        better = trial_cost < cost
+        z = torch.where(better[:, None], z + step, z)
+        current = torch.where(better[:, None], trial, current)
+        cost = torch.where(better, trial_cost, cost)
+        damping = torch.where(better, damping / 3, damping * 4)
+    return perturbed(starts.state, z)
