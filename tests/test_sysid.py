@@ -303,11 +303,10 @@ def test_replay_scores_the_true_engine_better(engine, slow_motor_data, default_c
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="open (issue 5): the defaults hold the twin's friction and restitution and a motor speed 5 % off; "
-    "the held-out key-frame error (12 gaits, mean |error|) is decided by a few tip-overs: the start values "
-    "with the twin's true latency score 13.5 -> 19.3 mm; measured -59 % (worse). Halving 13.8 mm needs "
-    "6.9 mm, below the 8.2 mm that engine data scores at its own true parameters from the settled chunk "
-    "starts (benchmarks.sysid_starts; 4.0 mm from exact starts)",
+    reason="open (issue 5): the defaults hold the twin's friction (0.8) and restitution and a motor speed 5 % "
+    "off. With the replay's chunk starts fitted to the lead-ins, measured 17.2 -> 14.3 mm (reduction 16.8 %; "
+    "with settled starts the error rose, reduction -59 %), friction identified at 0.52: the twin differs in "
+    "what the engine's parameters cannot express, and friction bends to it",
 )
 def test_sysid_on_the_twin_halves_the_held_out_key_frame_error(tmp_path) -> None:
     """One tracked random-policy trajectory on the twin through the flow (collect, track, attach,
