@@ -361,7 +361,7 @@ class SysidConfig(StrictModel):
     start_refits: Annotated[int, Field(ge=0)] = Field(
         default=0,
         description="KFL: fit the lead-in start states at the estimate and search again, this many times "
-        "(measured on engine data: it moves the answer within friction's flat valley, no closer to the truth).",
+        "(measured on engine data: starts fitted at an estimate favour it, so it stops short of the truth).",
     )
     data_window: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="Identify from the trajectories of the last this many iterations (null: all so far)."
