@@ -412,7 +412,7 @@ def test_staged_identification_refits_the_starts_at_its_estimate(
         dt_s=DT,
         chunk_s=1.0,
         warmup_iterations=0,
-        search_generations=2,
+        search_generations=1,
         search_population=2,
         start_refits=2,
         start_fit_iterations=1,
@@ -435,7 +435,7 @@ def test_staged_identification_refits_the_starts_at_its_estimate(
     monkeypatch.setattr(KeyFrameLoss, "with_fitted_starts", fit_spy)
     monkeypatch.setattr("pipeline.sysid.identify.refine", refine_spy)
     result = identify_staged(loss, start, config)
-    assert len(result.history) == planned_steps(config) == 3 * 2
+    assert len(result.history) == planned_steps(config) == 3
     assert len(searches) == 3 and searches[0][0] is loss
     assert fitted_at == [searches[0][2], searches[1][2]]
     for (_, _, answer), (after, started, _) in itertools.pairwise(searches):
