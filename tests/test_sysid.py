@@ -286,7 +286,7 @@ def test_recovery_from_a_noisy_random_policy_on_engine_data(default_configs) -> 
 
 def test_replay_scores_the_true_engine_better(engine, slow_motor_data, default_configs) -> None:
     robot = default_configs.robot
-    config = SysidConfig(dt_s=DT, chunk_s=2.0)
+    config = SysidConfig(dt_s=DT, chunk_s=2.0, start_fit_iterations=3)
     gaits = split_gaits(slow_motor_data, robot, 8.0)
     fit, held = split_holdout(gaits, 0.4)
     assert fit and held and fit[-1].end_s == pytest.approx(held[0].start_s)
