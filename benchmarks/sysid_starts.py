@@ -96,13 +96,15 @@ def main() -> None:
     exact = observed.with_start_states(exact_states(engine, truth, robot, targets, segments, TIMEOUT_S))
     lead_in = torch.as_tensor(observed.lead_in)
 
-    def start_errors(loss: KeyFrameLoss) -> dict[str, float]:
-        """Median errors of the lead-in chunks' start caps (mm) and rod velocities (m/s)."""
+    def column(loss: KeyFrameLoss) -> dict[str, object]:
+        """Median errors of the lead-in chunks' start caps (mm) and rod velocities (m/s), then
+        :func:`figures`."""
         caps_mm = 1000 * (loss.starts.caps_m - exact.starts.caps_m)[lead_in].norm(dim=-1)
         speed = (loss.starts.state.vel - exact.starts.state.vel)[lead_in].norm(dim=-1)
         return {
             "start_cap_error_median_mm": float(caps_mm.median()),
             "start_vel_error_median_m_s": float(speed.median()),
+            **figures(loss, robot, config.robust_scale),
         }
 
     report = {
@@ -112,12 +114,9 @@ def main() -> None:
         "scored_key_frames": int(observed.scored.sum()),
         "start_speed_median_m_s": float(np.median(exact.starts.state.vel.norm(dim=-1).amax(-1).numpy())),
         "start_fit_wall_s": fit_s,
-        "observed": {**start_errors(observed), **figures(observed, robot, config.robust_scale)},
-        "fitted": {**start_errors(fitted), **figures(fitted, robot, config.robust_scale)},
-        f"fitted_at_friction_{args.biased_friction}": {
-            **start_errors(biased),
-            **figures(biased, robot, config.robust_scale),
-        },
+        "observed": column(observed),
+        "fitted": column(fitted),
+        f"fitted_at_friction_{args.biased_friction}": column(biased),
         "exact": figures(exact, robot, config.robust_scale),
     }
     report["wall_s"] = time.perf_counter() - began
