@@ -384,9 +384,18 @@ class SysidConfig(StrictModel):
     search_population: Annotated[int, Field(ge=2)] = Field(default=8, description="CMA-ES samples per generation.")
     search_sigma: Positive = Field(default=0.1, description="CMA-ES initial step, in parameter scales.")
     search_seed: Annotated[int, Field(ge=0)] = Field(default=0, description="Seed of the CMA-ES sampling.")
+    duration_sigma_s: Positive = Field(
+        default=0.02,
+        description="KFL search: std of a gait's duration (s), weighting its timing defect (one 50 Hz control tick).",
+    )
+    duration_weight: Annotated[float, Field(ge=0)] = Field(
+        default=1.0,
+        description="KFL search: weight of a gait's timing defect beside its end caps' (0: end caps alone).",
+    )
     robust_scale: Positive = Field(
         default=4.0,
-        description="Search loss per key frame d / (1 + d / this), d the squared defect in position_sigma_m units.",
+        description="Search loss per gait d / (1 + d / this), d its squared end-cap defect in position_sigma_m "
+        "units plus its weighted timing defect.",
     )
     profile_tolerance: Positive = Field(
         default=0.05, description="Profile width: values whose robust loss is within this fraction of the minimum."

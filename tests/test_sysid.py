@@ -164,9 +164,12 @@ def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data
     loss = KeyFrameLoss(engine, robot, {slow_motor_data.name: slow_motor_data}, gaits, Params.from_robot(robot), config)
     candidates = [Params.from_robot(robot, motor_speed=0.5), Params.from_robot(robot, motor_speed=0.7, friction=0.4)]
     batched = loss.population(Params.concat(candidates))
-    single = np.stack([loss(expand_params(c, loss.units)).defects for c in candidates])
-    np.testing.assert_allclose(batched, single, rtol=1e-12)
+    single = [loss(expand_params(c, loss.units)) for c in candidates]
+    # the search adds each gait's timing defect: engine vs data duration, in duration_sigma_s
+    timing = np.stack([((v.engine_durations_s - v.data_durations_s) / config.duration_sigma_s) ** 2 for v in single])
+    np.testing.assert_allclose(batched, np.stack([v.defects for v in single]) + timing, rtol=1e-12)
     assert batched.shape == (2, loss.units) and not np.allclose(batched[0], batched[1])
+    assert timing[1].mean() > 4 * timing[0].mean()  # the data's motor speed is 0.5: 0.7 finishes gaits early
 
 
 class _DivergingKeyFrames:

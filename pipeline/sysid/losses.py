@@ -201,13 +201,16 @@ class KeyFrameLoss:
         return self.with_start_states(State.concat(states))
 
     def population(self, candidates: Params) -> np.ndarray:
-        """Weighted squared key-frame defects (P, units) of ``candidates`` (P environments, one
-        parameter set each), all run as one engine batch, without gradients."""
+        """Weighted squared defects (P, units) of ``candidates`` (P environments, one parameter set
+        each), all run as one engine batch, without gradients: each gait's key-frame defect plus
+        ``config.duration_weight`` times its timing defect, the squared difference of the engine's
+        and the data's gait durations in ``config.duration_sigma_s``."""
         count = candidates.batch_size
         per_unit = Params(**{n: v.repeat_interleave(self.units) for n, v in candidates.as_dict().items()})
         with torch.no_grad():
-            defects, _, _ = self._key_frames(per_unit, copies=count)
-        return defects.numpy()
+            defects, _, durations = self._key_frames(per_unit, copies=count)
+        timing = ((durations - self.data_durations) / self.config.duration_sigma_s) ** 2
+        return defects.numpy() + self.config.duration_weight * timing
 
     def _key_frames(self, params: Params, copies: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """Run every chunk ``copies`` times (``params``: ``copies * units`` environments, copy-major)
