@@ -7,13 +7,16 @@ KFL's chunks are started these ways:
 * **observed**: as the stage does, from the tracked caps and sensed cables, settled
   with zero velocity (:func:`~pipeline.sysid.windows.window_starts`);
 * **fitted**: the observed starts of the lead-in chunks fitted, with the true
-  parameters, to the data of their lead-ins
-  (:meth:`~pipeline.sysid.losses.KeyFrameLoss.with_fitted_starts`), as the stage does;
-  and the same fitted with friction ``--biased-friction`` (the fit's dependence on the
-  parameters it is run with, which the stage's refit at its estimate reduces);
-* **exact**: the engine's own states at those instants
+  parameters, to the data of their lead-ins and carried through them, so the chunks
+  start where their lead-ins end
+  (:meth:`~pipeline.sysid.losses.KeyFrameLoss.with_fitted_starts`), as the stage's
+  refits and the held-out replay do; and the same fitted with friction
+  ``--biased-friction`` (the fit's dependence on the parameters it is run with);
+* **exact**: the engine's own states where the fitted chunks start
   (:func:`~pipeline.sysid.synthetic.exact_states`), as a perfect state estimator
   would give them.
+
+All three score the same gaits (the lead-ins are never scored).
 
 For each: the key-frame error at the true parameters (mean and median over the scored
 key frames, mm; the floor that no parameter can remove) and the robust KFL (the
@@ -59,7 +62,7 @@ def figures(loss: KeyFrameLoss, robot, scale: float) -> dict[str, object]:
         for name in ENGINE_TRUTH
         for factor in (1 - STEP, 1 + STEP)
     ]
-    robust = robust_defects(loss.population(Params.concat(candidates))[:, loss.scored], scale).mean(-1)
+    robust = robust_defects(loss.population(Params.concat(candidates)).defects[:, loss.scored], scale).mean(-1)
     out: dict[str, object] = {
         "key_frame_error_mean_mm": float(errors_mm.mean()),
         "key_frame_error_median_mm": float(np.median(errors_mm)),
@@ -87,20 +90,21 @@ def main() -> None:
     noise = {"caps_noise_m": args.noise, "cable_noise_m": args.noise / 2}
     data = engine_recording(engine, truth, robot, targets, segment_timeout_s=TIMEOUT_S, **noise)
     began = time.perf_counter()
-    observed = KeyFrameLoss(engine, robot, {data.name: data}, split_gaits(data, robot, TIMEOUT_S), truth, config)
+    gaits = split_gaits(data, robot, TIMEOUT_S)
+    observed = KeyFrameLoss(engine, robot, {data.name: data}, gaits, truth, config)
     fit_began = time.perf_counter()
     fitted = observed.with_fitted_starts(truth)
     fit_s = time.perf_counter() - fit_began
     biased = observed.with_fitted_starts(Params.from_robot(robot, **{**ENGINE_TRUTH, "friction": args.biased_friction}))
-    segments = [chunk[0].index for chunk in observed.chunks]
-    exact = observed.with_start_states(exact_states(engine, truth, robot, targets, segments, TIMEOUT_S))
-    lead_in = torch.as_tensor(observed.lead_in)
+    segments = [chunk[0].index for chunk in fitted.chunks]
+    exact = fitted.with_start_states(exact_states(engine, truth, robot, targets, segments, TIMEOUT_S))
+    moved = torch.as_tensor([chunk[0] is not gaits[0] for chunk in fitted.chunks])
 
     def column(loss: KeyFrameLoss) -> dict[str, object]:
-        """Median errors of the lead-in chunks' start caps (mm) and rod velocities (m/s), then
-        :func:`figures`."""
-        caps_mm = 1000 * (loss.starts.caps_m - exact.starts.caps_m)[lead_in].norm(dim=-1)
-        speed = (loss.starts.state.vel - exact.starts.state.vel)[lead_in].norm(dim=-1)
+        """Median errors of the carried chunk starts' caps (mm) and rod velocities (m/s) against
+        the exact states, then :func:`figures`."""
+        caps_mm = 1000 * (loss.starts.caps_m - exact.starts.caps_m)[moved].norm(dim=-1)
+        speed = (loss.starts.state.vel - exact.starts.state.vel)[moved].norm(dim=-1)
         return {
             "start_cap_error_median_mm": float(caps_mm.median()),
             "start_vel_error_median_m_s": float(speed.median()),
@@ -114,7 +118,7 @@ def main() -> None:
         "scored_key_frames": int(observed.scored.sum()),
         "start_speed_median_m_s": float(np.median(exact.starts.state.vel.norm(dim=-1).amax(-1).numpy())),
         "start_fit_wall_s": fit_s,
-        "observed": column(observed),
+        "observed": figures(observed, robot, config.robust_scale),
         "fitted": column(fitted),
         f"fitted_at_friction_{args.biased_friction}": column(biased),
         "exact": figures(exact, robot, config.robust_scale),

@@ -347,7 +347,7 @@ class SysidConfig(StrictModel):
     start_fit_iterations: Annotated[int, Field(ge=0)] = Field(
         default=8,
         description="KFL: Levenberg-Marquardt steps fitting each lead-in chunk's start state to the data "
-        "after it (0: settled observed starts only).",
+        "after it, before it is carried through the lead-in (0: carried from the settled observed start).",
     )
     start_fit_span_s: Positive = Field(
         default=0.6, description="KFL: the data a start state is fitted to, at most this long into the lead-in (s)."
@@ -386,16 +386,15 @@ class SysidConfig(StrictModel):
     search_seed: Annotated[int, Field(ge=0)] = Field(default=0, description="Seed of the CMA-ES sampling.")
     duration_sigma_s: Positive = Field(
         default=0.02,
-        description="KFL search: std of a gait's duration (s), weighting its timing defect (one 50 Hz control tick).",
+        description="KFL search: scale of the mean difference of engine and data gait durations (s) in the "
+        "timing penalty (difference / this)^2.",
     )
     duration_weight: Annotated[float, Field(ge=0)] = Field(
-        default=1.0,
-        description="KFL search: weight of a gait's timing defect beside its end caps' (0: end caps alone).",
+        default=1.0, description="KFL search: weight of the timing penalty (0: key frames alone)."
     )
     robust_scale: Positive = Field(
         default=4.0,
-        description="Search loss per gait d / (1 + d / this), d its squared end-cap defect in position_sigma_m "
-        "units plus its weighted timing defect.",
+        description="Search loss per key frame d / (1 + d / this), d the squared defect in position_sigma_m units.",
     )
     profile_tolerance: Positive = Field(
         default=0.05, description="Profile width: values whose robust loss is within this fraction of the minimum."

@@ -24,7 +24,7 @@ from pipeline.sysid.data import EXTEND, HOLD, RETRACT, Recording, split_gaits
 from pipeline.sysid.evolution import refine, robust_defects
 from pipeline.sysid.identify import identify, identify_staged, planned_steps, robust_sum, unit_gradients
 from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
-from pipeline.sysid.losses import KeyFrameLoss, make_loss
+from pipeline.sysid.losses import KeyFrameLoss, Population, make_loss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.synthetic import engine_recording, exact_states
 from pipeline.sysid.validate import replay, split_holdout
@@ -165,11 +165,12 @@ def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data
     candidates = [Params.from_robot(robot, motor_speed=0.5), Params.from_robot(robot, motor_speed=0.7, friction=0.4)]
     batched = loss.population(Params.concat(candidates))
     single = [loss(expand_params(c, loss.units)) for c in candidates]
-    # the search adds each gait's timing defect: engine vs data duration, in duration_sigma_s
-    timing = np.stack([((v.engine_durations_s - v.data_durations_s) / config.duration_sigma_s) ** 2 for v in single])
-    np.testing.assert_allclose(batched, np.stack([v.defects for v in single]) + timing, rtol=1e-12)
-    assert batched.shape == (2, loss.units) and not np.allclose(batched[0], batched[1])
-    assert timing[1].mean() > 4 * timing[0].mean()  # the data's motor speed is 0.5: 0.7 finishes gaits early
+    np.testing.assert_allclose(batched.defects, np.stack([v.defects for v in single]), rtol=1e-12)
+    assert batched.defects.shape == (2, loss.units) and not np.allclose(batched.defects[0], batched.defects[1])
+    # the search's penalty: the scored gaits' mean engine-minus-data duration, in duration_sigma_s, squared
+    late = [(v.engine_durations_s - v.data_durations_s)[v.scored].mean() for v in single]
+    np.testing.assert_allclose(batched.penalty, (np.array(late) / config.duration_sigma_s) ** 2, rtol=1e-12)
+    assert late[1] < -config.duration_sigma_s < 0.5 * config.duration_sigma_s > abs(late[0])  # truth: 0.5
 
 
 class _DivergingKeyFrames:
@@ -182,13 +183,13 @@ class _DivergingKeyFrames:
     units = 40
     scored = np.ones(40, dtype=bool)
 
-    def population(self, candidates: Params) -> np.ndarray:
+    def population(self, candidates: Params) -> Population:
         motor = candidates.motor_speed.numpy()[:, None]
         friction = candidates.friction.numpy()[:, None]
         weight = np.linspace(0.5, 1.5, self.units)[None]
         defects = ((motor - 0.7) / 0.01) ** 2 + 0.1 * weight * ((friction - 0.5) / 0.05) ** 2
         tipped = np.arange(self.units)[None] < 6
-        return defects + np.where(tipped & (motor < 0.72), 400.0, 0.0)
+        return Population(defects + np.where(tipped & (motor < 0.72), 400.0, 0.0), np.zeros(len(motor)))
 
 
 def test_search_fits_through_diverging_key_frames_and_profiles_the_widths(default_configs) -> None:
@@ -196,7 +197,7 @@ def test_search_fits_through_diverging_key_frames_and_profiles_the_widths(defaul
     start = Params.from_robot(default_configs.robot, motor_speed=0.8, friction=0.7)
     config = SysidConfig(parameters=("motor_speed", "friction"), search_generations=40, search_population=8)
     robot = default_configs.robot
-    mean_of_squares = {m: loss.population(Params.from_robot(robot, motor_speed=m)).mean() for m in (0.7, 0.73)}
+    mean_of_squares = {m: loss.population(Params.from_robot(robot, motor_speed=m)).defects.mean() for m in (0.7, 0.73)}
     assert mean_of_squares[0.73] < mean_of_squares[0.7]  # the plain loss would be fooled
     assert robust_defects(np.array([1e6]), 4.0)[0] < 4.0
     result = refine(loss, ParameterSpace(config.parameters, start), config)
@@ -373,11 +374,12 @@ def test_exact_start_states_reproduce_the_data_and_lower_the_key_frame_error(eng
         observed.with_start_states(states.index(slice(0, 1)))
 
 
-def test_fitted_starts_reproduce_the_lead_ins_and_lower_the_key_frame_error(engine, default_configs) -> None:
-    """Fitted to their lead-ins' noisy caps (10 Hz) and cables (50 Hz) with the true parameters,
-    the lead-in chunks' starts reproduce the lead-in gaits (the settled starts, with no velocity,
-    do not) and the scored key frames at the truth are matched better; the chunk that starts the
-    recording keeps its settled start, and no fit iterations keep them all."""
+def test_fitted_starts_carry_the_lead_ins_and_lower_the_key_frame_error(engine, default_configs) -> None:
+    """Each lead-in chunk starts where its lead-in ends, from the settled start fitted to the
+    lead-in's noisy caps (10 Hz) and cables (50 Hz) with the true parameters. Without fit
+    iterations, that scores the gaits exactly as running the lead-ins does; with them, the starts
+    are nearer the data there and the scored key frames at the truth are matched better. The
+    chunk that starts the recording keeps its settled start."""
     robot = default_configs.robot
     truth = Params.from_robot(robot, motor_speed=0.7, friction=0.5, restitution=0.3)
     data = engine_recording(
@@ -387,21 +389,25 @@ def test_fitted_starts_reproduce_the_lead_ins_and_lower_the_key_frame_error(engi
     config = SysidConfig(parameters=("friction",), dt_s=DT, chunk_s=1.0, start_fit_iterations=4)
     observed = KeyFrameLoss(engine, robot, {data.name: data}, gaits, truth, config)
     assert not observed.lead_in[0] and observed.lead_in.sum() >= 3
-    fitted = observed.with_fitted_starts(truth)
-    lead_in = torch.as_tensor(observed.lead_in)
-    assert torch.equal(fitted.starts.state.pos[~lead_in], observed.starts.state.pos[~lead_in])
-    assert not torch.equal(fitted.starts.state.vel[lead_in], observed.starts.state.vel[lead_in])
-    with torch.no_grad():
-        values = [loss(expand_params(truth, loss.units)) for loss in (observed, fitted)]
-    first_gaits = np.cumsum([0] + [len(c) for c in observed.chunks])[:-1][observed.lead_in]
-    lead_in_errors = [v.cap_errors_m[first_gaits].mean() for v in values]
-    scored_errors = [v.cap_errors_m[v.scored].mean() for v in values]
-    assert lead_in_errors[1] < 0.7 * lead_in_errors[0]
-    assert scored_errors[1] < 0.9 * scored_errors[0]
-    unfitted = KeyFrameLoss(
+    carried = KeyFrameLoss(
         engine, robot, {data.name: data}, gaits, truth, config.model_copy(update={"start_fit_iterations": 0})
     ).with_fitted_starts(truth)
-    assert torch.equal(unfitted.starts.state.vel, observed.starts.state.vel)
+    fitted = observed.with_fitted_starts(truth)
+    scored_gaits = [g for g, scored in zip(observed.gaits, observed.scored, strict=True) if scored]
+    for loss in (carried, fitted):
+        assert loss.gaits == scored_gaits and loss.scored.all() and not loss.lead_in.any()
+        assert torch.equal(loss.starts.state.pos[0], observed.starts.state.pos[0])
+        np.testing.assert_allclose(loss.starts.t_s, [chunk[0].start_s for chunk in loss.chunks])
+    with torch.no_grad():
+        values = [loss(expand_params(truth, loss.units)) for loss in (observed, carried, fitted)]
+    np.testing.assert_allclose(values[1].defects, values[0].defects[observed.scored], rtol=1e-9)
+    start_errors = [
+        np.linalg.norm(loss.starts.caps_m.numpy() - loss.starts.data_caps_m, axis=-1)[1:].mean()
+        for loss in (carried, fitted)
+    ]
+    assert start_errors[1] < 0.7 * start_errors[0]
+    scored_errors = [v.cap_errors_m[v.scored].mean() for v in values[1:]]
+    assert scored_errors[1] < 0.9 * scored_errors[0]
 
 
 def test_staged_identification_refits_the_starts_at_its_estimate(
@@ -443,5 +449,6 @@ def test_staged_identification_refits_the_starts_at_its_estimate(
     assert fitted_at == [searches[0][2], searches[1][2]]
     for (_, _, answer), (after, started, _) in itertools.pairwise(searches):
         assert started == answer
-        assert not torch.equal(after.starts.state.vel, after.settled.state.vel)
+        assert after.observed is loss and after.units == loss.scored.sum()  # lead-ins carried, not run
+        assert after.starts.state.vel.abs().amax() > 0
     assert result.values["motor_speed"] == searches[2][2]

@@ -13,7 +13,9 @@ the contact parameters and, from the warm-up's value, the motor speed) with CMA-
     rho(d) = d / (1 + d / c),    c = ``config.robust_scale``
 
 per key frame (``d`` the weighted squared defect, in units of ``position_sigma_m``
-squared), averaged over the scored key frames, plus the prior per key frame.
+squared), averaged over the scored key frames, plus the loss's own penalty (the
+KFL's: the mean timing difference of its gaits, which pins the motor speed) and
+the prior per key frame.
 A typical key frame counts quadratically; a diverged one counts ``c`` at most,
 whatever its size. Each generation is one engine batch: the distribution's mean
 and its ``config.search_population`` samples run together
@@ -78,9 +80,10 @@ def refine(
         mean = strategy.result.xfavorite
         samples = strategy.ask()
         thetas = [space.project(torch.tensor(x, dtype=torch.float64)) for x in [mean, *samples]]
-        defects = loss_fn.population(Params.concat([space.params(t) for t in thetas]))[:, scored]
+        population = loss_fn.population(Params.concat([space.params(t) for t in thetas]))
+        defects = population.defects[:, scored]
         priors = np.array([float(space.prior_penalty(t)) for t in thetas])
-        scores = _scores(defects, priors, units, config)
+        scores = _scores(defects, population.penalty + priors / units, config)
         strategy.tell(samples, scores[1:].tolist())
         if generation == 0:
             start_score = float(scores[0])
@@ -100,8 +103,11 @@ def refine(
         if progress is not None:
             progress(step)
     final = space.project(torch.tensor(strategy.result.xfavorite, dtype=torch.float64))
-    defects = loss_fn.population(space.params(final))[:, scored]
-    if start_score < float(_scores(defects, np.array([float(space.prior_penalty(final))]), units, config)[0]):
+    population = loss_fn.population(space.params(final))
+    final_score = _scores(
+        population.defects[:, scored], population.penalty + float(space.prior_penalty(final)) / units, config
+    )
+    if start_score < float(final_score[0]):
         final = space.initial()
     return Identification.at(
         space,
@@ -134,9 +140,10 @@ def profile_widths(
             moved[i] = space.theta_of(name, max(float(values[name]) * factor, 1e-9))
             thetas.append(space.project(moved))
     scored = np.asarray(loss_fn.scored, dtype=bool)
-    defects = loss_fn.population(Params.concat([space.params(t) for t in thetas]))[:, scored]
-    priors = np.array([float(space.prior_penalty(t)) for t in thetas])
-    scores = _scores(defects, priors, max(loss_fn.units, 1), config).reshape(len(space.names), PROFILE_POINTS)
+    population = loss_fn.population(Params.concat([space.params(t) for t in thetas]))
+    priors = np.array([float(space.prior_penalty(t)) for t in thetas]) / max(loss_fn.units, 1)
+    scores = _scores(population.defects[:, scored], population.penalty + priors, config)
+    scores = scores.reshape(len(space.names), PROFILE_POINTS)
     out = {}
     for i, name in enumerate(space.names):
         along = np.array([float(space.values(t)[name]) for t in thetas[i * PROFILE_POINTS : (i + 1) * PROFILE_POINTS]])
@@ -145,6 +152,7 @@ def profile_widths(
     return out
 
 
-def _scores(defects: np.ndarray, priors: np.ndarray, units: int, config: SysidConfig) -> np.ndarray:
-    """Robust loss (P,) of candidates' scored defects (P, K) and prior penalties (P,)."""
-    return robust_defects(defects, config.robust_scale).mean(-1) + priors / units
+def _scores(defects: np.ndarray, penalties: np.ndarray, config: SysidConfig) -> np.ndarray:
+    """Search score (P,) of candidates: robust loss of their scored defects (P, K) plus their
+    penalties (P,) (the loss's own and the prior per unit)."""
+    return robust_defects(defects, config.robust_scale).mean(-1) + penalties

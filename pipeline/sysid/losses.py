@@ -29,7 +29,7 @@ import torch
 from pipeline.config import RobotConfig, SysidConfig
 from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
-from pipeline.physics.rollout import Trace
+from pipeline.physics.rollout import Trace, run_policy
 from pipeline.sysid.data import Gait, Recording
 from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
 from pipeline.sysid.start_fit import LeadIn, fit_start_states
@@ -57,12 +57,22 @@ class LossValue:
         return float(self.defects[self.scored].mean())
 
 
+@dataclass(frozen=True)
+class Population:
+    """What a loss says of candidates run together: each one's weighted squared ``defects``
+    (P, units) and a ``penalty`` (P,) that the search adds to its score as it is (zero for a loss
+    that has none)."""
+
+    defects: np.ndarray
+    penalty: np.ndarray
+
+
 class TrajectoryLoss(Protocol):
     """A loss over recorded trajectories. It is called with parameters of ``units`` environments
     ((units,) tensors, usually all equal): one per key frame (KFL) or window, so that each unit's
     gradient can be read and weighed on its own. ``scored`` (units,): which units count at all.
     ``population`` runs several parameter sets (one environment each) without gradients and
-    returns each one's weighted squared defects (P, units)."""
+    returns each one's weighted squared defects (P, units) and search penalty (P,)."""
 
     name: str
     units: int
@@ -70,7 +80,7 @@ class TrajectoryLoss(Protocol):
 
     def __call__(self, params: Params) -> LossValue: ...
 
-    def population(self, candidates: Params) -> np.ndarray: ...
+    def population(self, candidates: Params) -> Population: ...
 
 
 def _weighted_defects(
@@ -97,8 +107,9 @@ class KeyFrameLoss:
     from gait to gait, as the robot does, but the gradient is detached at every gait change: each
     key frame's gradient comes from its own gait only. A settled start has no velocity, which the
     robot mid-way through a trajectory has; so the first gait of a chunk that does not start the
-    recording is a lead-in: run, but not scored. :meth:`with_fitted_starts` corrects those chunks'
-    starts, velocity included, from the data of their lead-ins.
+    recording is a lead-in: run, but not scored. :meth:`with_fitted_starts` fits those chunks'
+    starts, velocity included, to the data of their lead-ins and starts the chunks where the
+    lead-ins end.
     """
 
     name = "kfl"
@@ -116,31 +127,38 @@ class KeyFrameLoss:
             raise ValueError("the Key Frame Loss needs at least one gait")
         self.engine, self.robot, self.config, self.recordings = engine, robot, config, recordings
         self.tick_s = 1.0 / robot.pid.control_rate_hz
-        self.chunks = plan_chunks(recordings, gaits, config.chunk_s)
-        self.gaits = [g for chunk in self.chunks for g in chunk]
-        starts = [(recordings[chunk[0].recording], chunk[0].start_s) for chunk in self.chunks]
+        chunks = plan_chunks(recordings, gaits, config.chunk_s)
+        firsts = {g.recording: g for g in reversed(gaits)}
+        self._use_chunks(chunks, np.array([chunk[0] is not firsts[chunk[0].recording] for chunk in chunks]))
+        starts = [(recordings[chunk[0].recording], chunk[0].start_s) for chunk in chunks]
         self.starts = window_starts(engine, params0, robot, starts, config.settle_s)
-        self.settled = self.starts
-        n = max(len(c) for c in self.chunks)
-        self.targets = torch.tensor(np.stack([_padded([g.target for g in c], n) for c in self.chunks]))
-        durations = [[g.duration_s for g in c] for c in self.chunks]
-        caps = [config.duration_cap * np.array(d) + self.tick_s for d in durations]
+        self.observed = self
+
+    @property
+    def settled(self) -> WindowStarts:
+        """The settled observed starts of the chunks as planned (lead-ins included)."""
+        return self.observed.starts
+
+    def _use_chunks(self, chunks: list[list[Gait]], lead_in: np.ndarray) -> None:
+        """Run ``chunks`` (each a list of consecutive gaits); ``lead_in`` (C,): which chunks' first
+        gait is run but not scored."""
+        self.chunks, self.lead_in = chunks, lead_in
+        self.gaits = [g for chunk in chunks for g in chunk]
+        n = max(len(c) for c in chunks)
+        self.targets = torch.tensor(np.stack([_padded([g.target for g in c], n) for c in chunks]))
+        durations = [[g.duration_s for g in c] for c in chunks]
+        caps = [self.config.duration_cap * np.array(d) + self.tick_s for d in durations]
         self.timeout = np.stack([np.r_[c, np.full(n - len(c), self.tick_s)] for c in caps])
         self.data_durations = np.array([g.duration_s for g in self.gaits])
         self.scored = np.array(
-            [
-                j > 0 or chunk[0] is _first_of(gaits, chunk[0].recording)
-                for chunk in self.chunks
-                for j in range(len(chunk))
-            ]
+            [j > 0 or not lead for chunk, lead in zip(chunks, lead_in, strict=True) for j in range(len(chunk))]
         )
-        names = sorted({g.recording for g in gaits})
+        names = sorted(self.recordings)
         self.group = np.array([names.index(g.recording) for g in self.gaits])
         self.units = len(self.gaits)
-        first = np.cumsum([0] + [len(c) for c in self.chunks])[:-1]
-        self.lead_in = ~self.scored[first]
+        first = np.cumsum([0] + [len(c) for c in chunks])[:-1]
         self.unit_index = torch.tensor(
-            [[first[c] + min(j, len(chunk) - 1) for j in range(n)] for c, chunk in enumerate(self.chunks)]
+            [[first[c] + min(j, len(chunk) - 1) for j in range(n)] for c, chunk in enumerate(chunks)]
         )
 
     def __call__(self, params: Params) -> LossValue:
@@ -167,50 +185,89 @@ class KeyFrameLoss:
         return other
 
     def with_fitted_starts(self, params: Params) -> KeyFrameLoss:
-        """This loss with each chunk that starts on a lead-in started from its settled observation
-        fitted with ``params`` (one environment) to the data of the lead-in's first
-        ``config.start_fit_span_s`` (:func:`~pipeline.sysid.start_fit.fit_start_states`); the
-        chunks that start a recording keep their settled starts (the robot is at rest there)."""
-        rows = np.flatnonzero(self.lead_in)
-        states = [self.settled.state.index(slice(k, k + 1)) for k in range(len(self.chunks))]
-        if len(rows) and self.config.start_fit_iterations:
-            index = torch.as_tensor(rows)
-            leads = [
-                LeadIn(
-                    self.recordings[self.chunks[k][0].recording],
-                    self.chunks[k][0].start_s,
-                    min(self.chunks[k][0].duration_s, self.config.start_fit_span_s),
-                )
-                for k in rows
-            ]
-            settled = replace(self.settled, state=self.settled.state.index(index))
-            fitted = fit_start_states(
-                self.engine,
-                params,
-                self.robot,
-                settled,
-                leads,
-                self.targets[index],
-                self.timeout[rows],
-                self.config.start_fit_iterations,
-                self.config.start_fit_caps_sigma_m,
-                self.config.start_fit_cable_sigma_m,
+        """This loss with each lead-in chunk started where its lead-in ends, and the lead-in gait no
+        longer run: its settled observation is fitted with ``params`` (one environment) to the data
+        of the lead-in's first ``config.start_fit_span_s``
+        (:func:`~pipeline.sysid.start_fit.fit_start_states`) and run through the lead-in gait with
+        ``params``. Every candidate then starts the scored gaits from that same state, moving as
+        the data did, instead of running the lead-in itself from a start fitted for other
+        parameters. The chunks that start a recording keep their settled starts (the robot is at
+        rest there). Always fitted from the settled observations (:attr:`observed`); with
+        ``config.start_fit_iterations`` 0 the lead-ins run from them as they are, which scores the
+        gaits as this loss does. Commands still in flight at a lead-in's end (a control latency)
+        are not carried over."""
+        source = self.observed
+        rows = np.flatnonzero(source.lead_in)
+        if not len(rows):
+            return source
+        index = torch.as_tensor(rows)
+        leads = [
+            LeadIn(
+                self.recordings[source.chunks[k][0].recording],
+                source.chunks[k][0].start_s,
+                min(source.chunks[k][0].duration_s, self.config.start_fit_span_s),
             )
-            for j, k in enumerate(rows):
-                states[k] = fitted.index(slice(j, j + 1))
-        return self.with_start_states(State.concat(states))
+            for k in rows
+        ]
+        fitted = fit_start_states(
+            self.engine,
+            params,
+            self.robot,
+            replace(source.starts, state=source.starts.state.index(index)),
+            leads,
+            source.targets[index],
+            source.timeout[rows],
+            self.config.start_fit_iterations,
+            self.config.start_fit_caps_sigma_m,
+            self.config.start_fit_cable_sigma_m,
+        )
+        one = Params(**{n: v.detach() for n, v in params.as_dict().items()})
+        with torch.no_grad():
+            ends, _ = run_policy(
+                self.engine,
+                expand_params(one, len(rows)),
+                fitted,
+                source.targets[index, :1],
+                self.robot.pid,
+                torch.as_tensor(source.timeout[rows, :1]),
+                final_hold_s=0.0,
+                latency_s=self.robot.pid.latency_s,
+            )
+        states, chunks = [], []
+        for k, chunk in enumerate(source.chunks):
+            if not source.lead_in[k]:
+                states.append(source.starts.state.index(slice(k, k + 1)))
+                chunks.append(chunk)
+            elif len(chunk) > 1:
+                j = int(np.flatnonzero(rows == k)[0])
+                states.append(ends.index(slice(j, j + 1)))
+                chunks.append(chunk[1:])
+        other = copy.copy(source)
+        other._use_chunks(chunks, np.zeros(len(chunks), dtype=bool))
+        state = State.concat(states)
+        times = np.array([chunk[0].start_s for chunk in chunks])
+        other.starts = WindowStarts(
+            state=state,
+            caps_m=self.engine.cap_positions(state).detach(),
+            data_caps_m=np.stack(
+                [self.recordings[c[0].recording].caps_at(t[None])[0] for c, t in zip(chunks, times, strict=True)]
+            ),
+            t_s=times,
+        )
+        return other
 
-    def population(self, candidates: Params) -> np.ndarray:
-        """Weighted squared defects (P, units) of ``candidates`` (P environments, one parameter set
-        each), all run as one engine batch, without gradients: each gait's key-frame defect plus
-        ``config.duration_weight`` times its timing defect, the squared difference of the engine's
-        and the data's gait durations in ``config.duration_sigma_s``."""
+    def population(self, candidates: Params) -> Population:
+        """Weighted squared key-frame defects (P, units) of ``candidates`` (P environments, one
+        parameter set each), all run as one engine batch, without gradients; the penalty is
+        ``config.duration_weight`` times the squared mean difference of the engine's and the data's
+        scored gait durations, in ``config.duration_sigma_s``. Pooled over every gait, the timing
+        pins the motor speed without the tick-by-tick jumps of single gaits' durations."""
         count = candidates.batch_size
         per_unit = Params(**{n: v.repeat_interleave(self.units) for n, v in candidates.as_dict().items()})
         with torch.no_grad():
             defects, _, durations = self._key_frames(per_unit, copies=count)
-        timing = ((durations - self.data_durations) / self.config.duration_sigma_s) ** 2
-        return defects.numpy() + self.config.duration_weight * timing
+        late = (durations - self.data_durations)[:, self.scored].mean(1)
+        return Population(defects.numpy(), self.config.duration_weight * (late / self.config.duration_sigma_s) ** 2)
 
     def _key_frames(self, params: Params, copies: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """Run every chunk ``copies`` times (``params``: ``copies * units`` environments, copy-major)
@@ -285,10 +342,6 @@ def plan_chunks(recordings: dict[str, Recording], gaits: list[Gait], chunk_s: fl
     return chunks
 
 
-def _first_of(gaits: list[Gait], recording: str) -> Gait:
-    return next(g for g in gaits if g.recording == recording)
-
-
 def _cap_speed(recording: Recording, time_s: float, half_window_s: float = 0.1) -> float:
     """Mean end-cap speed (m/s) of the tracked data around ``time_s``."""
     caps = recording.caps_at(np.array([time_s - half_window_s, time_s + half_window_s]))
@@ -311,14 +364,15 @@ class _PolicyRollouts:
         """Every window is scored."""
         return np.ones(self.units, dtype=bool)
 
-    def population(self, candidates: Params) -> np.ndarray:
-        """Weighted squared defects (P, units) of ``candidates`` (P environments), one rollout each."""
+    def population(self, candidates: Params) -> Population:
+        """Weighted squared defects (P, units) of ``candidates`` (P environments), one rollout each;
+        no penalty."""
         rows = []
         with torch.no_grad():
             for k in range(candidates.batch_size):
                 one = Params(**{n: v[k : k + 1] for n, v in candidates.as_dict().items()})
                 rows.append(self(expand_params(one, self.units)).defects)
-        return np.stack(rows)
+        return Population(np.stack(rows), np.zeros(len(rows)))
 
     def _rollout(self, params: Params, span_s: float) -> Trace:
         trace, _ = run_windows(

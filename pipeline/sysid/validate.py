@@ -3,8 +3,9 @@
 Two replays of the same held-out gaits of a recording:
 
 * key frames: the gaits run as in the Key Frame Loss (chunks from observations, the
-  lead-in chunks' starts fitted with the replayed parameters, own timing, no mask
-  filter); the end-cap displacement error at every key frame;
+  lead-in chunks' starts fitted with the replayed parameters and carried through the
+  lead-ins, own timing, no mask filter); the end-cap displacement error at every key
+  frame;
 * open loop: all held-out gaits in one rollout from the observation at the first
   one's start, as a policy would be executed; at the end (each execution at the end
   of its own last gait) the centre-of-mass error (m and % of rod length), the heading
