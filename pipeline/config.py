@@ -359,9 +359,9 @@ class SysidConfig(StrictModel):
         default=0.001, description="KFL start fit: std of a sensed cable length (m), the sensor noise."
     )
     start_refits: Annotated[int, Field(ge=0)] = Field(
-        default=0,
-        description="KFL: fit the lead-in start states at the estimate and search again, this many times "
-        "(measured on engine data: starts fitted at an estimate favour it, so it stops short of the truth).",
+        default=1,
+        description="KFL: fit the lead-in start states at the estimate, carry them through the lead-ins and "
+        "search again, this many times (the first search runs on the settled starts).",
     )
     data_window: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="Identify from the trajectories of the last this many iterations (null: all so far)."

@@ -45,6 +45,7 @@ SMALL_SYSID = {
     "latency_grid_s": [0.0, 0.06],
     "search_generations": 2,
     "search_population": 4,
+    "start_refits": 0,
 }
 """A sysid short enough for flow tests (its accuracy is tested in test_sysid.py)."""
 

@@ -164,10 +164,11 @@ def identify_staged(
        parameter may be searched again: the warm-up only gives the search its start).
 
     With the Key Frame Loss and ``config.start_fit_iterations``, the lead-in chunks' start states
-    are then ``config.start_refits`` times fitted at the estimate
-    (:meth:`~pipeline.sysid.losses.KeyFrameLoss.with_fitted_starts`), each time followed by the
-    search again (or, without a search, the gradient stages). The first pass uses the settled
-    starts: a fit at parameters far from the data's (the nominal motor speed) would bend them.
+    are then ``config.start_refits`` times fitted at the estimate and carried through the
+    lead-ins (:meth:`~pipeline.sysid.losses.KeyFrameLoss.with_fitted_starts`), each time followed
+    by the search again (or, without a search, the gradient stages). The first pass uses the
+    settled starts: a fit at parameters far from the data's (the nominal motor speed) would bend
+    them.
 
     The history holds every stage in order, each step with every parameter's value (those not
     fitted in a stage at their current values, with zero gradient).
