@@ -21,7 +21,7 @@ from pipeline.policies import random_policy
 from pipeline.robot_model import length_to_target, reference_prism, resting_on_face
 from pipeline.sysid import losses
 from pipeline.sysid.data import EXTEND, HOLD, RETRACT, Recording, split_gaits
-from pipeline.sysid.evolution import refine, robust_defects
+from pipeline.sysid.evolution import PROFILE_MOVES, refine, robust_defects
 from pipeline.sysid.identify import identify, identify_staged, planned_steps, robust_sum, unit_gradients
 from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
 from pipeline.sysid.losses import KeyFrameLoss, Population, make_loss
@@ -211,21 +211,42 @@ def test_search_fits_through_diverging_key_frames_and_profiles_the_widths(defaul
     assert motor_high - motor_low < friction_high - friction_low  # friction is seen ten times more weakly
 
 
+def test_search_that_stops_short_moves_to_its_profiles_minimum(default_configs) -> None:
+    loss = _DivergingKeyFrames()
+    start = Params.from_robot(default_configs.robot, motor_speed=0.8, friction=0.7)
+    config = SysidConfig(parameters=("motor_speed", "friction"), search_generations=1, search_population=4)
+    space = ParameterSpace(config.parameters, start)
+    stopped = refine(loss, space, config.model_copy(update={"profile_tolerance": 1e9}))  # any point is settled
+    assert [s.method for s in stopped.history] == ["search"]
+    result = refine(loss, space, config)
+    methods = [s.method for s in result.history]
+    assert methods[0] == "search" and 1 <= methods.count("profile") <= PROFILE_MOVES
+    assert methods == ["search"] + ["profile"] * methods.count("profile")
+    losses = [s.loss for s in result.history]
+    assert all(later < earlier for earlier, later in itertools.pairwise(losses))
+    assert result.history[-1].values == pytest.approx(result.values)
+    for name, (low, high) in result.profile.items():  # the answer is now inside its own profile ranges
+        assert low <= result.values[name] <= high
+    assert abs(result.values["motor_speed"] - 0.7) < abs(stopped.values["motor_speed"] - 0.7)
+
+
 def test_staged_identification_plans_warm_up_gradient_and_search() -> None:
     once = {"start_refits": 0}
-    assert planned_steps(SysidConfig(iterations=25, warmup_iterations=15, search_generations=15, **once)) == 15 + 15
+    moves = PROFILE_MOVES  # each search may move its answer to a profile's minimum
+    searched = SysidConfig(iterations=25, warmup_iterations=15, search_generations=15, **once)
+    assert planned_steps(searched) == 15 + 15 + moves
     only_gradient = SysidConfig(iterations=25, warmup_iterations=15, search_generations=0, **once)
     assert planned_steps(only_gradient) == 15 + 25
     mixed = SysidConfig(
         iterations=25, warmup_iterations=15, search_parameters=("friction",), search_generations=10, **once
     )
-    assert planned_steps(mixed) == 15 + 25 + 10  # motor speed warmed up, then with restitution by gradient
+    assert planned_steps(mixed) == 15 + 25 + 10 + moves  # motor speed warmed up, then with restitution by gradient
     # each refit of the KFL's start states is followed by the search again (without one: every stage)
-    assert planned_steps(mixed.model_copy(update={"start_refits": 2})) == 15 + 25 + 3 * 10
+    assert planned_steps(mixed.model_copy(update={"start_refits": 2})) == 15 + 25 + 3 * (10 + moves)
     assert planned_steps(only_gradient.model_copy(update={"start_refits": 1})) == 2 * (15 + 25)
     no_fit = {"start_refits": 1, "start_fit_iterations": 0}
-    assert planned_steps(mixed.model_copy(update=no_fit)) == 15 + 25 + 10
-    assert planned_steps(mixed.model_copy(update={"start_refits": 1, "loss": "last_step"})) == 15 + 25 + 10
+    assert planned_steps(mixed.model_copy(update=no_fit)) == 15 + 25 + 10 + moves
+    assert planned_steps(mixed.model_copy(update={"start_refits": 1, "loss": "last_step"})) == 15 + 25 + 10 + moves
 
 
 @pytest.mark.slow
@@ -442,7 +463,8 @@ def test_staged_identification_refits_the_starts_at_its_estimate(
     monkeypatch.setattr(KeyFrameLoss, "with_fitted_starts", fit_spy)
     monkeypatch.setattr("pipeline.sysid.identify.refine", refine_spy)
     result = identify_staged(loss, start, config)
-    assert len(result.history) == planned_steps(config) == 3
+    assert len(result.history) <= planned_steps(config) == 3 * (1 + PROFILE_MOVES)
+    assert [s.method for s in result.history].count("search") == 3
     assert len(searches) == 3 and searches[0][0] is loss
     assert fitted_at == [searches[0][2], searches[1][2]]
     for (_, _, answer), (after, started, _) in itertools.pairwise(searches):

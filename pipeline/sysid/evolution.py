@@ -25,13 +25,17 @@ and its ``config.search_population`` samples run together
 down: the robust loss along each parameter alone, from -30 % to +30 % of the
 answer (one batch), and the range of values whose loss is within
 ``config.profile_tolerance`` (relative) of the profile's minimum. A parameter the
-key frames hardly see (friction in quasi-static rolling) has a wide range.
+key frames hardly see (friction in quasi-static rolling) has a wide range. A profile
+point that scores lower than the answer (a short search that had not settled) becomes
+the answer, and the profiles run again through it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import cma
 import numpy as np
@@ -42,6 +46,8 @@ from pipeline.physics.params import Params
 from pipeline.sysid.losses import TrajectoryLoss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.result import Identification, Step
+
+log = logging.getLogger(__name__)
 
 
 def robust_defects(defects: np.ndarray, scale: float) -> np.ndarray:
@@ -57,9 +63,13 @@ def refine(
 ) -> Identification:
     """CMA-ES over ``space`` from its start for ``config.search_generations`` generations.
 
-    Returns the distribution's final mean (or the start, if that scored lower on the robust
-    loss), with a history of one step per generation (the mean's values and robust loss, the
-    step size in ``lr``, no gradient) and each parameter's :func:`profile_widths`.
+    The answer is the distribution's final mean (or the start, if that scored lower on the
+    robust loss). Where a point on one of its profiles (:func:`profile_widths`) scores lower by
+    more than ``config.profile_tolerance``, the search had not settled: the answer moves there
+    and is profiled again, ``PROFILE_MOVES`` times at most. Returns it with a history of one
+    step per generation (the mean's values and robust loss, the step size in ``lr``, no
+    gradient) and one per move (``method="profile"``, ``lr`` the profile's span), and each
+    parameter's profile range.
     """
     began = time.perf_counter()
     strategy = cma.CMAEvolutionStrategy(
@@ -109,19 +119,110 @@ def refine(
     )
     if start_score < float(final_score[0]):
         final = space.initial()
+    profile = _profile(loss_fn, space, final, config)
+    for move in range(PROFILE_MOVES):
+        if profile.settled(config.profile_tolerance):
+            break
+        final, step = profile.best()
+        step = replace(step, iteration=len(history), wall_s=time.perf_counter() - began)
+        history.append(step)
+        if progress is not None:
+            progress(step)
+        log.info("sysid: a profile scored lower than the search's answer; moved to %s (%d)", step.values, move + 1)
+        profile = _profile(loss_fn, space, final, config)
+    if not profile.settled(config.profile_tolerance):
+        log.warning("sysid: the answer is still not its profiles' minimum after %d moves", PROFILE_MOVES)
     return Identification.at(
         space,
         final,
         history=history,
         converged=False,
         wall_s=time.perf_counter() - began,
-        profile=profile_widths(loss_fn, space, final, config),
+        profile=profile.widths(config.profile_tolerance),
     )
 
 
 PROFILE_SPAN = 0.3
 """The profile runs from (1 - this) to (1 + this) times the identified value."""
 PROFILE_POINTS = 13
+"""Values per profile (odd: the middle one is the answer itself)."""
+PROFILE_MOVES = 3
+"""How many times :func:`refine` moves its answer to a profile point that scores lower."""
+
+
+@dataclass(frozen=True)
+class _Profile:
+    """The loss along each parameter alone through an answer: ``thetas[i][j]`` the ``j``-th
+    point of parameter ``i``'s profile (scaled coordinates), ``values`` (N, PROFILE_POINTS) its
+    value (SI), ``scores`` the search score, ``defects`` the mean of the scored defects (position
+    sigmas squared), ``priors`` the prior penalty; the middle column is the answer."""
+
+    space: ParameterSpace
+    thetas: list[list[torch.Tensor]]
+    values: np.ndarray
+    scores: np.ndarray
+    defects: np.ndarray
+    priors: np.ndarray
+
+    def settled(self, tolerance: float) -> bool:
+        """Whether the answer scores within ``tolerance`` (relative) of every profile's minimum."""
+        return bool(self.scores[0, PROFILE_POINTS // 2] <= self.scores.min() * (1 + tolerance))
+
+    def best(self) -> tuple[torch.Tensor, Step]:
+        """The lowest-scoring profile point and its history step (``method="profile"``)."""
+        i, j = np.unravel_index(int(np.argmin(self.scores)), self.scores.shape)
+        theta = self.thetas[i][j]
+        step = Step(
+            iteration=0,
+            values={n: float(v) for n, v in self.space.values(theta).items()},
+            loss=float(self.scores[i, j]),
+            unfiltered_loss=float(self.defects[i, j]),
+            prior=float(self.priors[i, j]),
+            kept_fraction=1.0,
+            gradient=dict.fromkeys(self.space.names, 0.0),
+            lr=PROFILE_SPAN,
+            wall_s=0.0,
+            method="profile",
+        )
+        return theta, step
+
+    def widths(self, tolerance: float) -> dict[str, tuple[float, float]]:
+        """For each parameter: the lowest and highest value (SI) whose score is within
+        ``tolerance`` (relative) of its profile's minimum."""
+        out = {}
+        for i, name in enumerate(self.space.names):
+            near = self.values[i][self.scores[i] <= self.scores[i].min() * (1 + tolerance)]
+            out[name] = (float(near.min()), float(near.max()))
+        return out
+
+
+def _profile(loss_fn: TrajectoryLoss, space: ParameterSpace, theta: torch.Tensor, config: SysidConfig) -> _Profile:
+    """Each parameter's profile through ``theta`` (the others fixed; ``PROFILE_POINTS`` values
+    from (1 -/+ ``PROFILE_SPAN``) times its value, inside the bounds), all as one engine batch."""
+    values = space.values(theta)
+    thetas = []
+    for i, name in enumerate(space.names):
+        row = []
+        for factor in np.linspace(1 - PROFILE_SPAN, 1 + PROFILE_SPAN, PROFILE_POINTS):
+            moved = theta.clone()
+            moved[i] = space.theta_of(name, max(float(values[name]) * factor, 1e-9))
+            row.append(space.project(moved))
+        row[PROFILE_POINTS // 2] = theta
+        thetas.append(row)
+    flat = [t for row in thetas for t in row]
+    scored = np.asarray(loss_fn.scored, dtype=bool)
+    population = loss_fn.population(Params.concat([space.params(t) for t in flat]))
+    priors = np.array([float(space.prior_penalty(t)) for t in flat])
+    scores = _scores(population.defects[:, scored], population.penalty + priors / max(loss_fn.units, 1), config)
+    shape = (len(space.names), PROFILE_POINTS)
+    return _Profile(
+        space=space,
+        thetas=thetas,
+        values=np.array([[float(space.values(t)[n]) for t in row] for n, row in zip(space.names, thetas, strict=True)]),
+        scores=scores.reshape(shape),
+        defects=population.defects[:, scored].mean(-1).reshape(shape),
+        priors=priors.reshape(shape),
+    )
 
 
 def profile_widths(
@@ -131,25 +232,9 @@ def profile_widths(
     ``theta`` (the others fixed; ``PROFILE_POINTS`` values from (1 -/+ ``PROFILE_SPAN``) times its
     value, inside the bounds) whose robust loss is within ``config.profile_tolerance`` of the
     profile's minimum. All profiles run as one engine batch. An answer outside its own range
-    means the search had not settled along that parameter."""
-    values = space.values(theta)
-    thetas = []
-    for i, name in enumerate(space.names):
-        for factor in np.linspace(1 - PROFILE_SPAN, 1 + PROFILE_SPAN, PROFILE_POINTS):
-            moved = theta.clone()
-            moved[i] = space.theta_of(name, max(float(values[name]) * factor, 1e-9))
-            thetas.append(space.project(moved))
-    scored = np.asarray(loss_fn.scored, dtype=bool)
-    population = loss_fn.population(Params.concat([space.params(t) for t in thetas]))
-    priors = np.array([float(space.prior_penalty(t)) for t in thetas]) / max(loss_fn.units, 1)
-    scores = _scores(population.defects[:, scored], population.penalty + priors, config)
-    scores = scores.reshape(len(space.names), PROFILE_POINTS)
-    out = {}
-    for i, name in enumerate(space.names):
-        along = np.array([float(space.values(t)[name]) for t in thetas[i * PROFILE_POINTS : (i + 1) * PROFILE_POINTS]])
-        near = along[scores[i] <= scores[i].min() * (1 + config.profile_tolerance)]
-        out[name] = (float(near.min()), float(near.max()))
-    return out
+    means the search had not settled along that parameter (:func:`refine` moves its answer to a
+    lower profile point until it has, ``PROFILE_MOVES`` times at most)."""
+    return _profile(loss_fn, space, theta, config).widths(config.profile_tolerance)
 
 
 def _scores(defects: np.ndarray, penalties: np.ndarray, config: SysidConfig) -> np.ndarray:

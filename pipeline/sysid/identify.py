@@ -39,7 +39,7 @@ import torch
 
 from pipeline.config import SysidConfig
 from pipeline.physics.params import Params
-from pipeline.sysid.evolution import refine
+from pipeline.sysid.evolution import PROFILE_MOVES, refine
 from pipeline.sysid.losses import KeyFrameLoss, LossValue, TrajectoryLoss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.result import Identification, Step
@@ -202,12 +202,13 @@ def identify_staged(
 
 
 def planned_steps(config: SysidConfig) -> int:
-    """The most steps :func:`identify_staged` takes with ``config`` (gradient steps and generations)."""
+    """The most steps :func:`identify_staged` takes with ``config`` (gradient steps, generations
+    and the search's profile moves, :data:`~pipeline.sysid.evolution.PROFILE_MOVES`)."""
     searched, stages = _plan(config)
     refits = config.start_refits if config.loss == "kfl" and config.start_fit_iterations else 0
     gradient_steps = sum(c.iterations for _, c in stages)
     if searched:
-        return gradient_steps + (1 + refits) * config.search_generations
+        return gradient_steps + (1 + refits) * (config.search_generations + PROFILE_MOVES)
     return (1 + refits) * gradient_steps
 
 
