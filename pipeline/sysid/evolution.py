@@ -21,7 +21,7 @@ whatever its size. Each generation is one engine batch: the distribution's mean
 and its ``config.search_population`` samples run together
 (:meth:`~pipeline.sysid.losses.KeyFrameLoss.population`).
 
-:func:`profile_widths` then reports how well the data pins each searched parameter
+:func:`profiles_through` then reports how well the data pins each searched parameter
 down: the robust loss along each parameter alone, from -30 % to +30 % of the
 answer (one batch), and the range of values whose loss is within
 ``config.profile_tolerance`` (relative) of the profile's minimum. A parameter the
@@ -64,7 +64,7 @@ def refine(
     """CMA-ES over ``space`` from its start for ``config.search_generations`` generations.
 
     The answer is the distribution's final mean (or the start, if that scored lower on the
-    robust loss). Where a point on one of its profiles (:func:`profile_widths`) scores lower by
+    robust loss). Where a point on one of its profiles (:func:`profiles_through`) scores lower by
     more than ``config.profile_tolerance``, the search had not settled: the answer moves there
     and is profiled again, ``PROFILE_MOVES`` times at most. Returns it with a history of one
     step per generation (the mean's values and robust loss, the step size in ``lr``, no
@@ -119,7 +119,7 @@ def refine(
     )
     if start_score < float(final_score[0]):
         final = space.initial()
-    profile = _profile(loss_fn, space, final, config)
+    profile = profiles_through(loss_fn, space, final, config)
     for move in range(PROFILE_MOVES):
         if profile.settled(config.profile_tolerance):
             break
@@ -129,7 +129,7 @@ def refine(
         if progress is not None:
             progress(step)
         log.info("sysid: a profile scored lower than the search's answer; moved to %s (%d)", step.values, move + 1)
-        profile = _profile(loss_fn, space, final, config)
+        profile = profiles_through(loss_fn, space, final, config)
     if not profile.settled(config.profile_tolerance):
         log.warning("sysid: the answer is still not its profiles' minimum after %d moves", PROFILE_MOVES)
     return Identification.at(
@@ -151,7 +151,7 @@ PROFILE_MOVES = 3
 
 
 @dataclass(frozen=True)
-class _Profile:
+class Profile:
     """The loss along each parameter alone through an answer: ``thetas[i][j]`` the ``j``-th
     point of parameter ``i``'s profile (scaled coordinates), ``values`` (N, PROFILE_POINTS) its
     value (SI), ``scores`` the search score, ``defects`` the mean of the scored defects (position
@@ -196,9 +196,13 @@ class _Profile:
         return out
 
 
-def _profile(loss_fn: TrajectoryLoss, space: ParameterSpace, theta: torch.Tensor, config: SysidConfig) -> _Profile:
+def profiles_through(
+    loss_fn: TrajectoryLoss, space: ParameterSpace, theta: torch.Tensor, config: SysidConfig
+) -> Profile:
     """Each parameter's profile through ``theta`` (the others fixed; ``PROFILE_POINTS`` values
-    from (1 -/+ ``PROFILE_SPAN``) times its value, inside the bounds), all as one engine batch."""
+    from (1 -/+ ``PROFILE_SPAN``) times its value, inside the bounds), all as one engine batch.
+    :meth:`Profile.widths` says how well the data pins each parameter down; an answer outside its
+    own range means the search had not settled along that parameter."""
     values = space.values(theta)
     thetas = []
     for i, name in enumerate(space.names):
@@ -215,7 +219,7 @@ def _profile(loss_fn: TrajectoryLoss, space: ParameterSpace, theta: torch.Tensor
     priors = np.array([float(space.prior_penalty(t)) for t in flat])
     scores = _scores(population.defects[:, scored], population.penalty + priors / max(loss_fn.units, 1), config)
     shape = (len(space.names), PROFILE_POINTS)
-    return _Profile(
+    return Profile(
         space=space,
         thetas=thetas,
         values=np.array([[float(space.values(t)[n]) for t in row] for n, row in zip(space.names, thetas, strict=True)]),
@@ -223,18 +227,6 @@ def _profile(loss_fn: TrajectoryLoss, space: ParameterSpace, theta: torch.Tensor
         defects=population.defects[:, scored].mean(-1).reshape(shape),
         priors=priors.reshape(shape),
     )
-
-
-def profile_widths(
-    loss_fn: TrajectoryLoss, space: ParameterSpace, theta: torch.Tensor, config: SysidConfig
-) -> dict[str, tuple[float, float]]:
-    """For each parameter of ``space``: the lowest and highest value (SI) on its profile through
-    ``theta`` (the others fixed; ``PROFILE_POINTS`` values from (1 -/+ ``PROFILE_SPAN``) times its
-    value, inside the bounds) whose robust loss is within ``config.profile_tolerance`` of the
-    profile's minimum. All profiles run as one engine batch. An answer outside its own range
-    means the search had not settled along that parameter (:func:`refine` moves its answer to a
-    lower profile point until it has, ``PROFILE_MOVES`` times at most)."""
-    return _profile(loss_fn, space, theta, config).widths(config.profile_tolerance)
 
 
 def _scores(defects: np.ndarray, penalties: np.ndarray, config: SysidConfig) -> np.ndarray:

@@ -35,7 +35,7 @@ class Identification:
     """The identified values (SI), the parameters for the engine, and the step history;
     ``profile``: for each searched parameter, the range (low, high) (SI) of values on its
     loss profile that score about as well as the answer
-    (:func:`~pipeline.sysid.evolution.profile_widths`)."""
+    (:meth:`~pipeline.sysid.evolution.Profile.widths`)."""
 
     values: dict[str, float]
     params: Params
