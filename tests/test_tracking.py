@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +159,17 @@ def test_ground_plane_recovered_with_a_tilted_camera(default_configs) -> None:
     lowest = np.sort(truth_caps[:, 2])[: len(heights)]
     assert len(heights) >= 4
     assert min(heights) == pytest.approx(lowest[0], abs=0.004)  # a cap on the ground sits at its radius
+
+    # seeded fits in parallel threads (the redeploy stage tracks its runs side by side) are each their seed's
+    def few_iterations(seed: int) -> np.ndarray:
+        return fit_ground(believed, frame.depth, robot_region, 0.006, 10, seed=seed).camera_to_world
+
+    alone = {seed: few_iterations(seed) for seed in range(8)}
+    assert len({fit.tobytes() for fit in alone.values()}) > 4  # with 10 iterations, the seed decides the plane
+    seeds = list(range(8)) * 8
+    with ThreadPoolExecutor(8) as pool:
+        for seed, fit in zip(seeds, pool.map(few_iterations, seeds), strict=True):
+            np.testing.assert_array_equal(fit, alone[seed])
 
 
 def test_attachment_points_reproduce_the_twin_sites(cw_recording, cw_tracked, default_configs) -> None:

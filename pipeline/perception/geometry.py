@@ -6,6 +6,7 @@ ground at z = 0 (DESIGN §4).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,12 @@ from scipy.spatial.transform import Rotation
 
 from pipeline.errors import DataError
 from pipeline.hardware.base import CameraInfo
+
+_OPEN3D_RANDOM = threading.Lock()
+"""Held from seeding Open3D's one global random generator to the end of the RANSAC that draws
+from it, which runs on one thread: drawn from several (Open3D's TBB pool), the samples' order,
+and so the plane, varied with scheduling, and runs tracked side by side (the redeploy stage)
+gave different tracks from the same frames."""
 
 
 def back_project(camera: CameraInfo, u: np.ndarray, v: np.ndarray, depth_raw: np.ndarray) -> np.ndarray:
@@ -70,8 +77,14 @@ def fit_ground(
         raise DataError(f"ground fit: only {int(keep.sum())} valid depth pixels outside the robot (need 100)")
     points = back_project(camera, cols[keep].astype(float), rows[keep].astype(float), raw[keep])
     cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(points))
-    o3d.utility.random.seed(seed)
-    plane, inliers = cloud.segment_plane(threshold_m, 3, iterations)
+    with _OPEN3D_RANDOM:
+        threads = o3d.utility.get_max_threads()
+        o3d.utility.set_max_threads(1)
+        try:
+            o3d.utility.random.seed(seed)
+            plane, inliers = cloud.segment_plane(threshold_m, 3, iterations)
+        finally:
+            o3d.utility.set_max_threads(threads)
     normal_cam, offset = np.asarray(plane[:3]), float(plane[3])
     scale = np.linalg.norm(normal_cam)
     normal_cam, offset = normal_cam / scale, offset / scale
