@@ -43,6 +43,8 @@ class RecordingIdentity:
     robot_config_hash: str
     sample_rate_hz: float
     imu_rods: tuple[int, ...]
+    segment_timeout_s: float
+    """The longest each target is held before the run moves on (s)."""
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Recording:
             policy_id=ident.policy_id,
             sample_rate_hz=ident.sample_rate_hz,
             complete=False,
+            segment_timeout_s=ident.segment_timeout_s,
         )
         imu = [c for r in ident.imu_rods for c in imu_cols(r)]
         self._hardware = PartedTableWriter(

@@ -24,6 +24,10 @@ Schema metadata (JSON under key ``r2s2r``) is validated by :class:`TrajectoryMet
 Only a ``hardware`` file may set it to false (imported recordings whose format
 has no usable motor command, see :mod:`storage.tribar`); such a file must then
 have no ``control_*`` column at all. Every other source requires it true.
+
+``segment_timeout_s`` (optional, s): the longest the recorder held each target
+before moving on; a segment that lasted this long timed out (target not reached).
+Recordings that do not say (imported ones) are read with the collect stage's value.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class TrajectoryMeta(BaseModel):
     units: dict[str, str]
     complete: bool
     control_recorded: bool = True
+    segment_timeout_s: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _control_only_optional_for_hardware(self) -> TrajectoryMeta:

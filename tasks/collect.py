@@ -135,9 +135,9 @@ def _record_policy(
     folder = stage_dir / policy.policy_id
     folder.mkdir(parents=True)
     write_policy_json(folder, policy.name, policy.policy_id, policy.targets)
-    recording = open_recording(configs, iteration, policy.policy_id, folder, robot)
+    recording = open_recording(configs, iteration, policy.policy_id, folder, robot, c.segment_timeout_s)
     try:
-        record_run(robot, policy, recording, c.segment_timeout_s, c.record_frames, show_progress=show_progress)
+        record_run(robot, policy, recording, c.record_frames, show_progress=show_progress)
     except BaseException as exc:
         write_manifest(
             stage_dir,
@@ -185,9 +185,12 @@ def _copy_redeploy_runs(layout: RunLayout, iteration: int, stage_dir: Path) -> d
     return {"redeploy_runs": len(runs), "redeploy_duration_s": float(sum(durations))}
 
 
-def open_recording(configs: LoadedConfigs, iteration: int, name: str, folder: Path, robot: Robot) -> Recording:
+def open_recording(
+    configs: LoadedConfigs, iteration: int, name: str, folder: Path, robot: Robot, segment_timeout_s: float
+) -> Recording:
     """A recording of run ``name`` of ``iteration`` into ``folder``, with ``robot``'s camera if
-    ``collect.record_frames``, checkpointed every ``collect.checkpoint_every_s``."""
+    ``collect.record_frames``, checkpointed every ``collect.checkpoint_every_s``; the run will
+    hold each target at most ``segment_timeout_s`` (s)."""
     c = configs.pipeline.collect
     identity = RecordingIdentity(
         campaign=configs.pipeline.campaign,
@@ -196,6 +199,7 @@ def open_recording(configs: LoadedConfigs, iteration: int, name: str, folder: Pa
         robot_config_hash=config_hash(configs.robot),
         sample_rate_hz=configs.robot.pid.control_rate_hz,
         imu_rods=configs.robot.sensors.imu_rods,
+        segment_timeout_s=segment_timeout_s,
     )
     return Recording(folder, identity, robot.camera if c.record_frames else None, c.checkpoint_every_s)
 
@@ -204,13 +208,12 @@ def record_run(
     robot: Robot,
     policy: Policy,
     recording: Recording,
-    segment_timeout_s: float,
     record_frames: bool,
     start: StartPose | None = None,
     show_progress: bool = True,
 ) -> None:
     """Place ``robot`` at ``start``, run ``policy`` and write it into ``recording`` (opened with a
-    camera if ``record_frames``), each target held at most ``segment_timeout_s`` (s). If the
+    camera if ``record_frames``), each target held at most the recording's ``segment_timeout_s``. If the
     hardware fails or the run is interrupted, the robot is stopped, what was recorded is kept,
     marked incomplete, and the exception propagates."""
     segments = 0
@@ -224,7 +227,8 @@ def record_run(
             disable=not show_progress,
         ) as bar:
             job = bar.add_task(policy.policy_id, total=len(policy))
-            for packet in robot.execute(policy, segment_timeout_s, record_frames=record_frames):
+            timeout_s = recording.identity.segment_timeout_s
+            for packet in robot.execute(policy, timeout_s, record_frames=record_frames):
                 recording.add(packet)
                 if isinstance(packet, SensorPacket) and packet.segment != segments:
                     segments = packet.segment

@@ -143,11 +143,11 @@ def execute_run(
     hardware = make_robot(configs) if hardware is None else hardware
     run.folder.mkdir(parents=True, exist_ok=True)
     write_policy_json(run.folder, run.policy.name, run.policy.policy_id, run.policy.targets)
-    recording = open_recording(configs, iteration, run.name, run.folder, hardware)
-    start = StartPose(run.start.x_m, run.start.y_m, math.radians(run.start.yaw_deg))
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
+    recording = open_recording(configs, iteration, run.name, run.folder, hardware, timeout_s)
+    start = StartPose(run.start.x_m, run.start.y_m, math.radians(run.start.yaw_deg))
     record = configs.pipeline.collect.record_frames
-    record_run(hardware, run.policy, recording, timeout_s, record, start=start, show_progress=False)
+    record_run(hardware, run.policy, recording, record, start=start, show_progress=False)
     tracked, figures = track_recording(robot_config, configs.pipeline.track, run.folder)
     write_tracked(run.folder / TRACKED_FILE, tracked, figures, robot_config, configs, iteration, run.name)
 

@@ -51,15 +51,17 @@ from tasks.caching import stage_cache_key
 from tasks.track import TRACKED_FILE, recording_folders
 
 STAGE = "sysid"
-STAGE_VERSION = "3"
+STAGE_VERSION = "4"
 OVERLAY_FILE = "identified.yaml"
 MJCF_FILE = "identified.xml"
 HISTORY_FILE = "history.parquet"
 
 
-def load_recordings(collect_ref: Ref, track_ref: Ref) -> dict[str, Recording]:
+def load_recordings(collect_ref: Ref, track_ref: Ref, segment_timeout_s: float) -> dict[str, Recording]:
     """Every recording of the collect stage with its tracked end caps, by policy id. A recording
-    that a fault cut short (marked incomplete) is used up to its last finished segment."""
+    that a fault cut short (marked incomplete) is used up to its last finished segment. Each
+    keeps the segment timeout it was recorded with (redeploy runs have their own); one whose
+    metadata does not say (an import) gets ``segment_timeout_s``."""
     recordings = {}
     for folder in recording_folders(collect_ref):
         sensors, meta = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
@@ -78,6 +80,7 @@ def load_recordings(collect_ref: Ref, track_ref: Ref) -> dict[str, Recording]:
             cables_m=sensors[CABLE_COLS].to_numpy(),
             caps_t_s=tracked["t"].to_numpy(),
             caps_m=caps_array(tracked),
+            segment_timeout_s=meta.segment_timeout_s or segment_timeout_s,
         )
     return recordings
 
@@ -104,11 +107,11 @@ def run_sysid(
     config = configs.pipeline.sysid
     timeout_s = configs.pipeline.collect.segment_timeout_s
     robot = sysid_robot(configs, attach_ref)
-    recordings = load_recordings(collect_ref, track_ref)
+    recordings = load_recordings(collect_ref, track_ref, timeout_s)
     for k, (earlier_collect, earlier_track) in sorted((earlier or {}).items()):
-        for name, recording in load_recordings(earlier_collect, earlier_track).items():
+        for name, recording in load_recordings(earlier_collect, earlier_track, timeout_s).items():
             recordings[f"k{k}-{name}"] = dataclasses.replace(recording, name=f"k{k}-{name}")
-    gaits = [g for r in recordings.values() for g in split_gaits(r, robot, timeout_s)]
+    gaits = [g for r in recordings.values() for g in split_gaits(r, robot, timeout_s)]  # each its own timeout
     if config.monotonic_only:
         gaits = [g for g in gaits if g.monotonic]
     fit, held = split_holdout(gaits, config.holdout_fraction)
@@ -142,9 +145,11 @@ def run_sysid(
     for name in dict.fromkeys(g.recording for g in held):
         own = [g for g in held if g.recording == name]
         before_engine = Engine(RobotModel.from_robot(configured), dt=config.dt_s)
+        recording = recordings[name]
+        own_timeout_s = recording.segment_timeout_s or timeout_s
         replays[name] = {
-            "before": replay(before_engine, start, configured, recordings[name], own, config, timeout_s),
-            "after": replay(engine, result.params, robot, recordings[name], own, config, timeout_s),
+            "before": replay(before_engine, start, configured, recording, own, config, own_timeout_s),
+            "after": replay(engine, result.params, robot, recording, own, config, own_timeout_s),
         }
 
     stage_dir = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign).stage_dir(iteration, STAGE)

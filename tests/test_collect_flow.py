@@ -91,14 +91,14 @@ def test_disconnect_keeps_partial_recording(tmp_path: Path) -> None:
     from tasks.track import run_track
 
     track_ref, _ = run_track(configs, 1, ref)
-    recordings = load_recordings(ref, track_ref)
+    recordings = load_recordings(ref, track_ref, 8.0)
     assert set(recordings) == {folder.name, rest.name}
     assert recordings[folder.name].segment.max() == stopped - 1
 
 
 def test_recover_recording_after_a_killed_process(tmp_path: Path, twin) -> None:
     twin.reset()
-    identity = RecordingIdentity("c", 1, "p-1", "hash", 50.0, (0, 1, 2))
+    identity = RecordingIdentity("c", 1, "p-1", "hash", 50.0, (0, 1, 2), 8.0)
     recording = Recording(tmp_path, identity, camera=None, checkpoint_every_s=0.2)
     for packet in twin.execute(random_policy(twin.robot, 2, seed=1), 8.0, record_frames=False):
         recording.add(packet)
@@ -107,7 +107,7 @@ def test_recover_recording_after_a_killed_process(tmp_path: Path, twin) -> None:
     recovered = recover_recording(tmp_path)
     assert sorted(p.name for p in recovered) == [GROUNDTRUTH_FILE, HARDWARE_FILE]
     hardware, meta = read_trajectory(tmp_path / HARDWARE_FILE)
-    assert meta.complete is False
+    assert meta.complete is False and meta.segment_timeout_s == 8.0
     assert 40 <= len(hardware) <= 51
     assert np.all(np.diff(hardware["t"]) > 0)
 
@@ -141,6 +141,8 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert third["mlflow_run_id"] != first["mlflow_run_id"]
 
     configs = load_all(config)
+    redeployed = Path(third["stages"]["collect"]["ref"]["path"]) / "turning-start0" / HARDWARE_FILE
+    assert read_trajectory(redeployed)[1].segment_timeout_s == configs.pipeline.redeploy.segment_timeout_s
     client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
     experiment = client.get_experiment_by_name("flowtest")
     runs = client.search_runs([experiment.experiment_id])

@@ -38,7 +38,7 @@ def recording(twin, tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFr
     """A ~10 s random policy on the twin (sensor noise and bias on), as written by the collect stage."""
     folder: Path = tmp_path_factory.mktemp("state_estimation")
     twin.reset(seed=1)
-    identity = RecordingIdentity("se", 1, "random-11", "hash", 50.0, twin.robot.sensors.imu_rods)
+    identity = RecordingIdentity("se", 1, "random-11", "hash", 50.0, twin.robot.sensors.imu_rods, 8.0)
     rec = Recording(folder, identity, camera=None, checkpoint_every_s=5.0)
     for packet in twin.execute(random_policy(twin.robot, n_targets=18, seed=11), 8.0, record_frames=False):
         rec.add(packet)

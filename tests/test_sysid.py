@@ -61,6 +61,12 @@ def test_gaits_follow_the_policy_segments(slow_motor_data, default_configs) -> N
         expected = np.where(error > 0, EXTEND, RETRACT)
         np.testing.assert_array_equal(gait.direction[far], expected[far])
     assert {HOLD, RETRACT, EXTEND} >= set(np.concatenate([g.direction for g in gaits]))
+    # a recording that says its own segment timeout (a redeploy run's is shorter) is split with it
+    longest = max(gaits[:-1], key=lambda g: g.duration_s)
+    own = dataclasses.replace(slow_motor_data, segment_timeout_s=longest.duration_s)
+    timed_out = [g for g in split_gaits(own, robot, segment_timeout_s=8.0)[:-1] if not g.reached]
+    assert longest.index in {g.index for g in timed_out}
+    assert all(g.duration_s >= longest.duration_s - 1e-9 for g in timed_out)
 
 
 def test_a_command_reversal_makes_a_gait_non_monotonic(slow_motor_data, default_configs) -> None:
@@ -171,6 +177,19 @@ def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data
     late = [(v.engine_durations_s - v.data_durations_s)[v.scored].mean() for v in single]
     np.testing.assert_allclose(batched.penalty, (np.array(late) / config.duration_sigma_s) ** 2, rtol=1e-12)
     assert late[1] < -config.duration_sigma_s < 0.5 * config.duration_sigma_s > abs(late[0])  # truth: 0.5
+
+    # a gait that timed out in the data: the engine gives up when the data did, and its duration is no timing
+    k = int(np.flatnonzero(loss.scored)[1])
+    gaits[k] = dataclasses.replace(gaits[k], reached=False)
+    gave_up = KeyFrameLoss(engine, robot, loss.recordings, gaits, Params.from_robot(robot), config)
+    limits = gave_up.timeout[gave_up.timeout > 1.5 * gave_up.tick_s]
+    assert limits[k] == pytest.approx(gaits[k].duration_s + gave_up.tick_s)
+    assert limits[k - 1] == pytest.approx(config.duration_cap * gaits[k - 1].duration_s + gave_up.tick_s)
+    value = gave_up(expand_params(candidates[1], gave_up.units))
+    timed = value.scored & (np.arange(gave_up.units) != k)
+    late = (value.engine_durations_s - value.data_durations_s)[timed].mean()
+    penalty = gave_up.population(candidates[1]).penalty
+    np.testing.assert_allclose(penalty, [(late / config.duration_sigma_s) ** 2], rtol=1e-12)
 
 
 class _DivergingKeyFrames:

@@ -29,7 +29,8 @@ COMMAND_THRESHOLD = 0.05
 class Recording:
     """One trajectory: ``t_s`` (N,) s, ``segment`` (N,) policy target index, ``targets`` (N, 6)
     normalised, ``control`` (N, 6) motor commands or None, ``cables_m`` (N, 9) sensed lengths;
-    ``caps_t_s`` (M,) s and ``caps_m`` (M, 6, 3) tracked end-cap centres (world, m)."""
+    ``caps_t_s`` (M,) s and ``caps_m`` (M, 6, 3) tracked end-cap centres (world, m);
+    ``segment_timeout_s``: the longest the recorder held a target (s), where known."""
 
     name: str
     t_s: np.ndarray
@@ -39,6 +40,7 @@ class Recording:
     cables_m: np.ndarray
     caps_t_s: np.ndarray
     caps_m: np.ndarray
+    segment_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         n = len(self.t_s)
@@ -105,8 +107,11 @@ def split_gaits(recording: Recording, robot: RobotConfig, segment_timeout_s: flo
 
     A gait ends where the next segment starts; the last one where all six sensed
     lengths first come within the PID tolerance of its target (else at the end of
-    the recording). A gait that lasted ``segment_timeout_s`` or more is not ``reached``.
+    the recording). A gait that lasted the recording's own ``segment_timeout_s`` (else the
+    argument ``segment_timeout_s``) or more is not ``reached``.
     """
+    if recording.segment_timeout_s is not None:
+        segment_timeout_s = recording.segment_timeout_s
     t, segment = recording.t_s, recording.segment
     firsts = np.flatnonzero(np.r_[True, np.diff(segment) != 0])
     positions = length_to_target(robot, recording.cables_m[:, :N_ACTUATED])

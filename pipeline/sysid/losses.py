@@ -139,6 +139,13 @@ class KeyFrameLoss:
         """The settled observed starts of the chunks as planned (lead-ins included)."""
         return self.observed.starts
 
+    def _engine_limit_s(self, gait: Gait) -> float:
+        """How long (s) the engine may run ``gait``: ``config.duration_cap`` times the data's
+        duration, or, where the data timed out (target not reached), just as long: the firmware
+        gave up there, and so does the engine."""
+        cap = self.config.duration_cap if gait.reached else 1.0
+        return cap * gait.duration_s + self.tick_s
+
     def _use_chunks(self, chunks: list[list[Gait]], lead_in: np.ndarray) -> None:
         """Run ``chunks`` (each a list of consecutive gaits); ``lead_in`` (C,): which chunks' first
         gait is run but not scored."""
@@ -146,10 +153,10 @@ class KeyFrameLoss:
         self.gaits = [g for chunk in chunks for g in chunk]
         n = max(len(c) for c in chunks)
         self.targets = torch.tensor(np.stack([_padded([g.target for g in c], n) for c in chunks]))
-        durations = [[g.duration_s for g in c] for c in chunks]
-        caps = [self.config.duration_cap * np.array(d) + self.tick_s for d in durations]
+        caps = [[self._engine_limit_s(g) for g in c] for c in chunks]
         self.timeout = np.stack([np.r_[c, np.full(n - len(c), self.tick_s)] for c in caps])
         self.data_durations = np.array([g.duration_s for g in self.gaits])
+        self.reached = np.array([g.reached for g in self.gaits])
         self.scored = np.array(
             [j > 0 or not lead for chunk, lead in zip(chunks, lead_in, strict=True) for j in range(len(chunk))]
         )
@@ -261,12 +268,15 @@ class KeyFrameLoss:
         parameter set each), all run as one engine batch, without gradients; the penalty is
         ``config.duration_weight`` times the squared mean difference of the engine's and the data's
         scored gait durations, in ``config.duration_sigma_s``. Pooled over every gait, the timing
-        pins the motor speed without the tick-by-tick jumps of single gaits' durations."""
+        pins the motor speed without the tick-by-tick jumps of single gaits' durations. Gaits
+        that timed out in the data (``Gait.reached`` false) do not count: their duration is the
+        timeout, not the robot's."""
         count = candidates.batch_size
         per_unit = Params(**{n: v.repeat_interleave(self.units) for n, v in candidates.as_dict().items()})
         with torch.no_grad():
             defects, _, durations = self._key_frames(per_unit, copies=count)
-        late = (durations - self.data_durations)[:, self.scored].mean(1)
+        timed = self.scored & self.reached
+        late = (durations - self.data_durations)[:, timed].mean(1) if timed.any() else np.zeros(count)
         return Population(defects.numpy(), self.config.duration_weight * (late / self.config.duration_sigma_s) ** 2)
 
     def _key_frames(self, params: Params, copies: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
