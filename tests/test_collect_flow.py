@@ -180,6 +180,7 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     low, high = run.data.metrics["sysid.profile_low.friction"], run.data.metrics["sysid.profile_high.friction"]
     assert low <= identified["ground"]["friction"] <= high
     assert "sysid.holdout.after.key_frame_error_mm" in run.data.metrics
+    assert "sysid.holdout.after.key_frame_error_median_mm" in run.data.metrics  # the typical held-out gait
     assert {a.path for a in client.list_artifacts(run.info.run_id, "sysid")} >= {
         "sysid/parameters.png",
         "sysid/identified.yaml",
