@@ -69,6 +69,20 @@ def test_gaits_follow_the_policy_segments(slow_motor_data, default_configs) -> N
     assert all(g.duration_s >= longest.duration_s - 1e-9 for g in timed_out)
 
 
+def test_policy_rollout_losses_hold_targets_as_long_as_each_recording_did(
+    engine, slow_motor_data, default_configs
+) -> None:
+    robot = default_configs.robot
+    gaits = split_gaits(slow_motor_data, robot, segment_timeout_s=8.0)
+    start = Params.from_robot(robot)
+    redeployed = dataclasses.replace(slow_motor_data, segment_timeout_s=3.0)
+    for loss in ("last_step", "multiple_shooting"):
+        config = SysidConfig(parameters=("motor_speed",), loss=loss, dt_s=DT, shooting_windows=2)
+        own = make_loss(engine, robot, {redeployed.name: redeployed}, gaits, start, config, 8.0)
+        unsaid = make_loss(engine, robot, {slow_motor_data.name: slow_motor_data}, gaits, start, config, 8.0)
+        assert set(own.segment_timeout_s) == {3.0} and set(unsaid.segment_timeout_s) == {8.0}, loss
+
+
 def test_a_command_reversal_makes_a_gait_non_monotonic(slow_motor_data, default_configs) -> None:
     control = slow_motor_data.control.copy()
     rows = np.flatnonzero(slow_motor_data.segment == 1)

@@ -430,7 +430,7 @@ class SequenceLoss(_PolicyRollouts):
         self.starts: WindowStarts = window_starts(engine, params0, robot, firsts, config.settle_s)
         n_targets = max(len(v) for v in by_name.values())
         self.targets = torch.tensor(np.stack([_padded([g.target for g in by_name[n]], n_targets) for n in self.names]))
-        self.segment_timeout_s = np.full(len(self.names), segment_timeout_s)
+        self.segment_timeout_s = np.array([recordings[n].segment_timeout_s or segment_timeout_s for n in self.names])
         self.units = len(self.names)
         self.samples: list[tuple[np.ndarray, np.ndarray]] = []
         for n, (recording, t0) in zip(self.names, firsts, strict=True):
@@ -487,7 +487,7 @@ class MultipleShootingLoss(_PolicyRollouts):
         n_targets = max(len(t) for t in targets)
         self.targets = torch.tensor(np.stack([_padded(t, n_targets) for t in targets]))
         self.data_disp = np.stack(ends) - self.starts.data_caps_m
-        self.segment_timeout_s = np.full(len(starts), segment_timeout_s)
+        self.segment_timeout_s = np.array([r.segment_timeout_s or segment_timeout_s for r, _ in starts])
         self.units = len(starts)
 
     def __call__(self, params: Params) -> LossValue:
@@ -514,7 +514,8 @@ def make_loss(
     config: SysidConfig,
     segment_timeout_s: float,
 ) -> TrajectoryLoss:
-    """The loss ``config.loss`` names."""
+    """The loss ``config.loss`` names. The policy rollouts (all losses but the KFL) hold each
+    target at most its recording's ``segment_timeout_s``, else ``segment_timeout_s``."""
     if config.loss == "kfl":
         return KeyFrameLoss(engine, robot, recordings, gaits, params0, config)
     if config.loss == "multiple_shooting":
