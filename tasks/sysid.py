@@ -111,7 +111,7 @@ def run_sysid(
     for k, (earlier_collect, earlier_track) in sorted((earlier or {}).items()):
         for name, recording in load_recordings(earlier_collect, earlier_track, timeout_s).items():
             recordings[f"k{k}-{name}"] = dataclasses.replace(recording, name=f"k{k}-{name}")
-    gaits = [g for r in recordings.values() for g in split_gaits(r, robot, timeout_s)]  # each its own timeout
+    gaits = [g for r in recordings.values() for g in split_gaits(r, robot, timeout_s)]
     if config.monotonic_only:
         gaits = [g for g in gaits if g.monotonic]
     fit, held = split_holdout(gaits, config.holdout_fraction)
@@ -146,7 +146,7 @@ def run_sysid(
         own = [g for g in held if g.recording == name]
         before_engine = Engine(RobotModel.from_robot(configured), dt=config.dt_s)
         recording = recordings[name]
-        own_timeout_s = recording.segment_timeout_s or timeout_s
+        own_timeout_s = recording.timeout_or(timeout_s)
         replays[name] = {
             "before": replay(before_engine, start, configured, recording, own, config, own_timeout_s),
             "after": replay(engine, result.params, robot, recording, own, config, own_timeout_s),

@@ -64,6 +64,10 @@ class Recording:
         if not np.isfinite(self.caps_m).all():
             raise DataError(f"recording '{self.name}': tracked end caps must be finite")
 
+    def timeout_or(self, default_s: float) -> float:
+        """The recording's own segment timeout (s), else ``default_s``."""
+        return default_s if self.segment_timeout_s is None else self.segment_timeout_s
+
     def caps_at(self, times_s: np.ndarray) -> np.ndarray:
         """Tracked end caps (K, 6, 3) linearly interpolated at ``times_s`` (K,) (clamped to the ends)."""
         times = np.atleast_1d(np.asarray(times_s, float))
@@ -110,8 +114,7 @@ def split_gaits(recording: Recording, robot: RobotConfig, segment_timeout_s: flo
     the recording). A gait that lasted the recording's own ``segment_timeout_s`` (else the
     argument ``segment_timeout_s``) or more is not ``reached``.
     """
-    if recording.segment_timeout_s is not None:
-        segment_timeout_s = recording.segment_timeout_s
+    segment_timeout_s = recording.timeout_or(segment_timeout_s)
     t, segment = recording.t_s, recording.segment
     firsts = np.flatnonzero(np.r_[True, np.diff(segment) != 0])
     positions = length_to_target(robot, recording.cables_m[:, :N_ACTUATED])

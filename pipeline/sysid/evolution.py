@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import cma
 import numpy as np
@@ -123,8 +123,7 @@ def refine(
     for move in range(PROFILE_MOVES):
         if profile.settled(config.profile_tolerance):
             break
-        final, step = profile.best()
-        step = replace(step, iteration=len(history), wall_s=time.perf_counter() - began)
+        final, step = profile.best(iteration=len(history), wall_s=time.perf_counter() - began)
         history.append(step)
         if progress is not None:
             progress(step)
@@ -168,12 +167,13 @@ class Profile:
         """Whether the answer scores within ``tolerance`` (relative) of every profile's minimum."""
         return bool(self.scores[0, PROFILE_POINTS // 2] <= self.scores.min() * (1 + tolerance))
 
-    def best(self) -> tuple[torch.Tensor, Step]:
-        """The lowest-scoring profile point and its history step (``method="profile"``)."""
+    def best(self, iteration: int, wall_s: float) -> tuple[torch.Tensor, Step]:
+        """The lowest-scoring profile point and its history step (``method="profile"``, number
+        ``iteration``, ``wall_s`` into the search)."""
         i, j = np.unravel_index(int(np.argmin(self.scores)), self.scores.shape)
         theta = self.thetas[i][j]
         step = Step(
-            iteration=0,
+            iteration=iteration,
             values={n: float(v) for n, v in self.space.values(theta).items()},
             loss=float(self.scores[i, j]),
             unfiltered_loss=float(self.defects[i, j]),
@@ -181,7 +181,7 @@ class Profile:
             kept_fraction=1.0,
             gradient=dict.fromkeys(self.space.names, 0.0),
             lr=PROFILE_SPAN,
-            wall_s=0.0,
+            wall_s=wall_s,
             method="profile",
         )
         return theta, step

@@ -430,7 +430,7 @@ class SequenceLoss(_PolicyRollouts):
         self.starts: WindowStarts = window_starts(engine, params0, robot, firsts, config.settle_s)
         n_targets = max(len(v) for v in by_name.values())
         self.targets = torch.tensor(np.stack([_padded([g.target for g in by_name[n]], n_targets) for n in self.names]))
-        self.segment_timeout_s = np.array([recordings[n].segment_timeout_s or segment_timeout_s for n in self.names])
+        self.segment_timeout_s = np.array([recordings[n].timeout_or(segment_timeout_s) for n in self.names])
         self.units = len(self.names)
         self.samples: list[tuple[np.ndarray, np.ndarray]] = []
         for n, (recording, t0) in zip(self.names, firsts, strict=True):
@@ -487,7 +487,7 @@ class MultipleShootingLoss(_PolicyRollouts):
         n_targets = max(len(t) for t in targets)
         self.targets = torch.tensor(np.stack([_padded(t, n_targets) for t in targets]))
         self.data_disp = np.stack(ends) - self.starts.data_caps_m
-        self.segment_timeout_s = np.array([r.segment_timeout_s or segment_timeout_s for r, _ in starts])
+        self.segment_timeout_s = np.array([r.timeout_or(segment_timeout_s) for r, _ in starts])
         self.units = len(starts)
 
     def __call__(self, params: Params) -> LossValue:
