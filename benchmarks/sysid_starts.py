@@ -45,7 +45,6 @@ from pipeline.sysid.data import split_gaits
 from pipeline.sysid.evolution import robust_defects
 from pipeline.sysid.losses import KeyFrameLoss
 from pipeline.sysid.synthetic import engine_recording, exact_states
-from pipeline.sysid.windows import expand_params
 
 STEP = 0.1
 """Relative change of each parameter around the truth."""
@@ -55,7 +54,7 @@ def figures(loss: KeyFrameLoss, robot, scale: float) -> dict[str, object]:
     """Key-frame error (mm) at the truth and the robust loss at the truth and +/- ``STEP``."""
     truth = Params.from_robot(robot, **ENGINE_TRUTH)
     with torch.no_grad():
-        value = loss(expand_params(truth, loss.units))
+        value = loss(truth.expand(loss.units))
     errors_mm = 1000 * value.cap_errors_m[value.scored].mean(-1)
     candidates = [truth] + [
         Params.from_robot(robot, **{**ENGINE_TRUTH, name: ENGINE_TRUTH[name] * factor})

@@ -116,7 +116,7 @@ def test_validated_smoothing_never_fails(engine_setup) -> None:
     np.testing.assert_array_equal(smoothed, apply(targets, kept))
     batch = 2
     start = state.index(torch.zeros(batch, dtype=torch.long))
-    both = Params(**{name: value.expand(batch) for name, value in params.as_dict().items()})
+    both = params.expand(batch)
     padded = np.stack([targets, np.vstack([smoothed, np.repeat(smoothed[-1:], len(targets) - len(smoothed), 0)])])
     outcome = simulate_targets(engine, both, robot, start, padded, 8.0)
     assert outcome.reached.all()

@@ -28,7 +28,7 @@ from pipeline.sysid.losses import KeyFrameLoss, Population, make_loss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.synthetic import engine_recording, exact_states
 from pipeline.sysid.validate import replay, split_holdout
-from pipeline.sysid.windows import expand_params, run_windows
+from pipeline.sysid.windows import run_windows
 
 DT = 0.005  # engine data and identification share the step, so the model is exact
 
@@ -184,7 +184,7 @@ def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data
     loss = KeyFrameLoss(engine, robot, {slow_motor_data.name: slow_motor_data}, gaits, Params.from_robot(robot), config)
     candidates = [Params.from_robot(robot, motor_speed=0.5), Params.from_robot(robot, motor_speed=0.7, friction=0.4)]
     batched = loss.population(Params.concat(candidates))
-    single = [loss(expand_params(c, loss.units)) for c in candidates]
+    single = [loss(c.expand(loss.units)) for c in candidates]
     np.testing.assert_allclose(batched.defects, np.stack([v.defects for v in single]), rtol=1e-12)
     assert batched.defects.shape == (2, loss.units) and not np.allclose(batched.defects[0], batched.defects[1])
     # the search's penalty: the scored gaits' mean engine-minus-data duration, in duration_sigma_s, squared
@@ -199,7 +199,7 @@ def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data
     limits = gave_up.timeout[gave_up.timeout > 1.5 * gave_up.tick_s]
     assert limits[k] == pytest.approx(gaits[k].duration_s + gave_up.tick_s)
     assert limits[k - 1] == pytest.approx(config.duration_cap * gaits[k - 1].duration_s + gave_up.tick_s)
-    value = gave_up(expand_params(candidates[1], gave_up.units))
+    value = gave_up(candidates[1].expand(gave_up.units))
     timed = value.scored & (np.arange(gave_up.units) != k)
     late = (value.engine_durations_s - value.data_durations_s)[timed].mean()
     penalty = gave_up.population(candidates[1]).penalty
@@ -424,7 +424,7 @@ def test_exact_start_states_reproduce_the_data_and_lower_the_key_frame_error(eng
     starts_s = [chunk[0].start_s for chunk in observed.chunks]
     np.testing.assert_allclose(exact.starts.caps_m.numpy(), data.caps_at(np.array(starts_s)), atol=1e-9)
     with torch.no_grad():
-        errors = [loss(expand_params(truth, loss.units)).cap_errors_m[loss.scored].mean() for loss in (observed, exact)]
+        errors = [loss(truth.expand(loss.units)).cap_errors_m[loss.scored].mean() for loss in (observed, exact)]
     assert errors[1] < 0.5 * errors[0]
     with pytest.raises(ValueError, match="one start state per chunk"):
         observed.with_start_states(states.index(slice(0, 1)))
@@ -455,7 +455,7 @@ def test_fitted_starts_carry_the_lead_ins_and_lower_the_key_frame_error(engine, 
         assert torch.equal(loss.starts.state.pos[0], observed.starts.state.pos[0])
         np.testing.assert_allclose(loss.starts.t_s, [chunk[0].start_s for chunk in loss.chunks])
     with torch.no_grad():
-        values = [loss(expand_params(truth, loss.units)) for loss in (observed, carried, fitted)]
+        values = [loss(truth.expand(loss.units)) for loss in (observed, carried, fitted)]
     np.testing.assert_allclose(values[1].defects, values[0].defects[observed.scored], rtol=1e-9)
     start_errors = [
         np.linalg.norm(loss.starts.caps_m.numpy() - loss.starts.data_caps_m, axis=-1)[1:].mean()

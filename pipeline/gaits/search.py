@@ -156,10 +156,6 @@ def _repeat_state(state: State, n: int) -> State:
     return State(**{f.name: getattr(state, f.name).repeat_interleave(n, dim=0) for f in fields(state)})
 
 
-def _expand_params(params: Params, batch: int) -> Params:
-    return Params(**{n: v[:1].expand(batch).clone() for n, v in params.as_dict().items()})
-
-
 def _wrap(angle: np.ndarray) -> np.ndarray:
     return (angle + np.pi) % (2 * np.pi) - np.pi
 
@@ -195,7 +191,7 @@ class GaitSearch:
         targets = torch.as_tensor(self.shapes[shape][:, None, :], dtype=state.pos.dtype)
         outcome = simulate_targets(
             self.engine,
-            _expand_params(self.params, len(parent)),
+            self.params.expand(len(parent)),
             self.robot,
             state,
             targets,
@@ -318,7 +314,7 @@ class GaitSearch:
         )
         outcome = simulate_targets(
             self.engine,
-            _expand_params(self.params, len(sequences)),
+            self.params.expand(len(sequences)),
             self.robot,
             _repeat_state(self.start, len(sequences)),
             targets,

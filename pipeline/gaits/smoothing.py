@@ -141,8 +141,7 @@ def _simulate(
     padded = np.stack([np.vstack([p, np.repeat(p[-1:], length - len(p), axis=0)]) for p in policies])
     batch = len(policies)
     many = state.index(torch.zeros(batch, dtype=torch.long, device=state.pos.device))
-    batched = Params(**{name: value.expand(batch) for name, value in params.as_dict().items()})
-    return simulate_targets(engine, batched, robot, many, padded, timeout_s)
+    return simulate_targets(engine, params.expand(batch), robot, many, padded, timeout_s)
 
 
 def smooth_validated(

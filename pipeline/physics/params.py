@@ -68,6 +68,15 @@ class Params:
     def replace(self, **values: torch.Tensor) -> Params:
         return replace(self, **values)
 
+    def expand(self, batch: int) -> Params:
+        """These parameters of one environment repeated for ``batch`` environments (views that keep
+        gradients); themselves when they already have ``batch``."""
+        if self.batch_size == batch:
+            return self
+        if self.batch_size != 1:
+            raise ValueError(f"cannot expand parameters of {self.batch_size} environments to {batch}")
+        return Params(**{name: value.expand(batch) for name, value in self.as_dict().items()})
+
     @staticmethod
     def concat(sets: list[Params]) -> Params:
         """The environments of ``sets`` one after another (batch: the sum of theirs)."""

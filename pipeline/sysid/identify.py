@@ -43,7 +43,6 @@ from pipeline.sysid.evolution import PROFILE_MOVES, refine
 from pipeline.sysid.losses import KeyFrameLoss, LossValue, TrajectoryLoss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.result import Identification, Step
-from pipeline.sysid.windows import expand_params
 
 
 def identify(
@@ -115,7 +114,7 @@ def identify(
 
 def _objective(loss_fn: TrajectoryLoss, space: ParameterSpace, theta: torch.Tensor) -> float:
     """Unfiltered loss plus the prior (per unit) at ``theta``."""
-    value = loss_fn(expand_params(space.params(theta), loss_fn.units))
+    value = loss_fn(space.params(theta).expand(loss_fn.units))
     return value.unfiltered + float(space.prior_penalty(theta)) / max(loss_fn.units, 1)
 
 

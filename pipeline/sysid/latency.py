@@ -14,7 +14,6 @@ import torch
 
 from pipeline.physics.params import Params
 from pipeline.sysid.losses import TrajectoryLoss
-from pipeline.sysid.windows import expand_params
 
 
 def best_latency(
@@ -28,5 +27,5 @@ def best_latency(
     for latency in candidates_s:
         loss = build(float(latency))
         with torch.no_grad():
-            scores[float(latency)] = loss(expand_params(params, loss.units)).unfiltered
+            scores[float(latency)] = loss(params.expand(loss.units)).unfiltered
     return min(scores, key=scores.__getitem__), scores

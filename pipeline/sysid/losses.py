@@ -33,7 +33,7 @@ from pipeline.physics.rollout import Trace, run_policy
 from pipeline.sysid.data import Gait, Recording
 from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
 from pipeline.sysid.start_fit import LeadIn, fit_start_states
-from pipeline.sysid.windows import WindowStarts, expand_params, run_windows, window_starts
+from pipeline.sysid.windows import WindowStarts, run_windows, window_starts
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ class KeyFrameLoss:
         with torch.no_grad():
             ends, _ = run_policy(
                 self.engine,
-                expand_params(one, len(rows)),
+                one.expand(len(rows)),
                 fitted,
                 source.targets[index, :1],
                 self.robot.pid,
@@ -285,7 +285,7 @@ class KeyFrameLoss:
         (copies, units, 6) in m and the engine's gait durations (copies, units) in s."""
         chunks = len(self.chunks)
         index = torch.cat([self.unit_index + k * self.units for k in range(copies)])
-        expanded = expand_params(params, copies * self.units).as_dict()
+        expanded = params.expand(copies * self.units).as_dict()
         per_segment = Params(**{n: v[index] for n, v in expanded.items()})
         rows_of_chunks = torch.arange(chunks).repeat(copies)
         starts = replace(self.starts, state=self.starts.state.index(rows_of_chunks))
@@ -381,7 +381,7 @@ class _PolicyRollouts:
         with torch.no_grad():
             for k in range(candidates.batch_size):
                 one = Params(**{n: v[k : k + 1] for n, v in candidates.as_dict().items()})
-                rows.append(self(expand_params(one, self.units)).defects)
+                rows.append(self(one.expand(self.units)).defects)
         return Population(np.stack(rows), np.zeros(len(rows)))
 
     def _rollout(self, params: Params, span_s: float) -> Trace:

@@ -31,7 +31,7 @@ from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
 from pipeline.physics.rotations import quat_integrate
 from pipeline.sysid.data import Recording
-from pipeline.sysid.windows import WindowStarts, expand_params, run_windows
+from pipeline.sysid.windows import WindowStarts, run_windows
 
 SCALES = {
     "pos": 1e-3,
@@ -130,7 +130,7 @@ def fit_start_states(
         with torch.no_grad():
             trace, _ = run_windows(
                 engine,
-                expand_params(one, len(rows)),
+                one.expand(len(rows)),
                 replace(starts, state=state),
                 targets[rows],
                 robot.pid,

@@ -53,15 +53,6 @@ class WindowStarts:
     t_s: np.ndarray
 
 
-def expand_params(params: Params, batch: int) -> Params:
-    """``params`` of one environment repeated for ``batch`` environments (keeps gradients)."""
-    if params.batch_size == batch:
-        return params
-    if params.batch_size != 1:
-        raise ValueError(f"cannot expand parameters of {params.batch_size} environments to {batch}")
-    return Params(**{name: value.expand(batch) for name, value in params.as_dict().items()})
-
-
 def window_starts(
     engine: Engine,
     params: Params,
@@ -72,7 +63,7 @@ def window_starts(
     """Settled engine states at ``starts`` (recording, time s); ``params`` of one environment."""
     batch = len(starts)
     dtype = engine.model.dtype
-    params = expand_params(params.replace(**{k: v.detach() for k, v in params.as_dict().items()}), batch)
+    params = params.replace(**{k: v.detach() for k, v in params.as_dict().items()}).expand(batch)
     fusion = PoseFusion(robot, build_cables(robot, robot.attachment.phase_rad), CABLE_SIGMA_M, ROLL_SIGMA_RAD)
     data_caps = np.stack([rec.caps_at(np.array([t]))[0] for rec, t in starts])
     fused = np.stack(
@@ -141,7 +132,7 @@ def run_windows(
     timeout = torch.tensor(np.asarray(timeout_s, float), dtype=dtype)
     _, trace = run_policy(
         engine,
-        expand_params(params, batch),
+        params.expand(batch),
         starts.state,
         targets.to(dtype),
         pid,
