@@ -24,6 +24,8 @@ HEADLINE = (
     "sysid.holdout.after.key_frame_error_mm",
     "sysid.holdout.before.key_frame_error_median_mm",
     "sysid.holdout.after.key_frame_error_median_mm",
+    "sysid.holdout.truth.key_frame_error_mm",
+    "sysid.holdout.truth.key_frame_error_median_mm",
     "sysid.final_loss",
     "sysid.recordings",
     "track.error_cap_error_mean_mm",

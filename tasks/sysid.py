@@ -34,7 +34,7 @@ from pipeline.physics.mjcf_export import identified_mjcf
 from pipeline.physics.params import robot_overlay
 from pipeline.physics.truth import twin_true_params
 from pipeline.plots import replay_paths, sysid_history
-from pipeline.sysid.data import Recording, split_gaits
+from pipeline.sysid.data import Gait, Recording, split_gaits
 from pipeline.sysid.identify import identify_staged, planned_steps
 from pipeline.sysid.latency import best_latency
 from pipeline.sysid.losses import make_loss
@@ -91,19 +91,35 @@ def sysid_robot(configs: LoadedConfigs, attach_ref: Ref) -> RobotConfig:
     return robot_with_overlay(configs.robot, yaml.safe_load(path.read_text()), path)
 
 
-def run_sysid(
+@dataclasses.dataclass(frozen=True)
+class SysidData:
+    """What the stage identifies from: the robot config with the attachment overlay, the
+    recordings by name, and their gaits split into fitted and held out."""
+
+    robot: RobotConfig
+    recordings: dict[str, Recording]
+    gaits: list[Gait]
+    fit: list[Gait]
+    held: list[Gait]
+
+    def held_out(self) -> dict[str, list[Gait]]:
+        """The held-out gaits by recording name, in recording order."""
+        return {
+            name: [g for g in self.held if g.recording == name]
+            for name in dict.fromkeys(g.recording for g in self.held)
+        }
+
+
+def sysid_data(
     configs: LoadedConfigs,
-    iteration: int,
     collect_ref: Ref,
     track_ref: Ref,
     attach_ref: Ref,
-    show_progress: bool = True,
     earlier: dict[int, tuple[Ref, Ref]] | None = None,
-) -> tuple[Ref, dict[str, object], Identification]:
-    """Identify, validate and write the stage output. Returns the ref, the summary and the result.
-
-    ``earlier`` adds the recordings of earlier iterations (iteration -> its collect and track
-    refs), named ``k<iteration>-<policy id>``."""
+) -> SysidData:
+    """Read the recordings (with ``earlier``: earlier iterations' collect and track refs, named
+    ``k<iteration>-<policy id>``), split them into gaits and hold out the last
+    ``sysid.holdout_fraction`` of each."""
     config = configs.pipeline.sysid
     timeout_s = configs.pipeline.collect.segment_timeout_s
     robot = sysid_robot(configs, attach_ref)
@@ -117,6 +133,29 @@ def run_sysid(
     fit, held = split_holdout(gaits, config.holdout_fraction)
     if not fit:
         raise DataError(f"{collect_ref.path}: no gait to identify from")
+    return SysidData(robot, recordings, gaits, fit, held)
+
+
+def replay_held_out(configs: LoadedConfigs, data: SysidData, robot: RobotConfig, params: Params) -> dict[str, Replay]:
+    """Replay ``params`` (one environment) in the engine of ``robot`` on each recording's held-out gaits."""
+    config = configs.pipeline.sysid
+    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s)
+    timeout_s = configs.pipeline.collect.segment_timeout_s
+    replays = {}
+    for name, own in data.held_out().items():
+        recording = data.recordings[name]
+        replays[name] = replay(engine, params, robot, recording, own, config, recording.timeout_or(timeout_s))
+    return replays
+
+
+def run_sysid(
+    configs: LoadedConfigs, iteration: int, data: SysidData, show_progress: bool = True
+) -> tuple[Ref, dict[str, object], Identification]:
+    """Identify from ``data``, validate and write the stage output. Returns the ref, the summary
+    and the result."""
+    config = configs.pipeline.sysid
+    timeout_s = configs.pipeline.collect.segment_timeout_s
+    robot, recordings, gaits, fit, held = data.robot, data.recordings, data.gaits, data.fit, data.held
     start = Params.from_robot(robot)
     configured = robot
     latency_scores: dict[float, float] = {}
@@ -141,16 +180,9 @@ def run_sysid(
         job = bar.add_task("sysid", total=planned_steps(config), loss=math.nan)
         result = identify_staged(loss, start, config, progress=lambda s: bar.update(job, advance=1, loss=s.loss))
 
-    replays: dict[str, dict[str, Replay]] = {}
-    for name in dict.fromkeys(g.recording for g in held):
-        own = [g for g in held if g.recording == name]
-        before_engine = Engine(RobotModel.from_robot(configured), dt=config.dt_s)
-        recording = recordings[name]
-        own_timeout_s = recording.timeout_or(timeout_s)
-        replays[name] = {
-            "before": replay(before_engine, start, configured, recording, own, config, own_timeout_s),
-            "after": replay(engine, result.params, robot, recording, own, config, own_timeout_s),
-        }
+    before = replay_held_out(configs, data, configured, start)
+    after = replay_held_out(configs, data, robot, result.params)
+    replays = {name: {"before": before[name], "after": after[name]} for name in before}
 
     stage_dir = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign).stage_dir(iteration, STAGE)
     stage_dir.mkdir(parents=True, exist_ok=True)
@@ -236,14 +268,42 @@ def _summary(
         summary[f"profile_low.{name}"] = low
         summary[f"profile_high.{name}"] = high
     for label in ("before", "after"):
-        figures = [r[label].metrics("") for r in replays.values()]
-        for key in figures[0] if figures else []:
-            summary[f"holdout.{label}.{key}"] = float(np.mean([f[key] for f in figures]))
+        summary.update(mean_replay_metrics({name: r[label] for name, r in replays.items()}, f"holdout.{label}."))
     if replays:
-        before = summary["holdout.before.key_frame_error_mm"]
-        after = summary["holdout.after.key_frame_error_mm"]
-        summary["holdout.key_frame_error_reduction_pct"] = 100.0 * (1.0 - after / before) if before > 0 else 0.0
+        summary["holdout.key_frame_error_reduction_pct"] = reduction_pct(
+            summary["holdout.before.key_frame_error_mm"], summary["holdout.after.key_frame_error_mm"]
+        )
     return summary
+
+
+def mean_replay_metrics(replays: dict[str, Replay], prefix: str) -> dict[str, float]:
+    """Each figure of :meth:`Replay.metrics` averaged over the recordings, keys starting with ``prefix``."""
+    figures = [r.metrics(prefix) for r in replays.values()]
+    return {key: float(np.mean([f[key] for f in figures])) for key in (figures[0] if figures else [])}
+
+
+def reduction_pct(before: float, after: float) -> float:
+    """How much lower ``after`` is than ``before``, in % of ``before`` (0 when ``before`` is 0)."""
+    return 100.0 * (1.0 - after / before) if before > 0 else 0.0
+
+
+def truth_holdout(configs: LoadedConfigs, data: SysidData, before_mm: float) -> dict[str, float]:
+    """Evaluation only (the twin): the held-out replay of the twin's own values in the engine,
+    with its true attachment points and control latency, as ``holdout.truth.*`` figures, and
+    ``holdout.truth.key_frame_error_reduction_pct`` against ``before_mm`` (the start values'
+    mean key-frame error, mm). What the engine does with the twin's truth: the reference for
+    the identified values, since the twin differs in what the engine cannot express (per-motor
+    speeds, soft contact, sensor biases)."""
+    twin = configs.twin
+    attachment = data.robot.attachment.model_copy(update={"phase_rad": twin.attachment_phase_rad})
+    robot = with_latency(data.robot.model_copy(update={"attachment": attachment}), twin.control_latency_s)
+    replays = replay_held_out(configs, data, robot, twin_true_params(robot, twin))
+    out = mean_replay_metrics(replays, "holdout.truth.")
+    if replays:
+        out["holdout.truth.key_frame_error_reduction_pct"] = reduction_pct(
+            before_mm, out["holdout.truth.key_frame_error_mm"]
+        )
+    return out
 
 
 def truth_errors(configs: LoadedConfigs, values: dict[str, float]) -> dict[str, float]:
@@ -280,16 +340,11 @@ def sysid(
 ) -> dict[str, str]:
     """Prefect task: run :func:`run_sysid` (with ``earlier_refs``: earlier iterations' collect and
     track refs); log values, loss curves, held-out figures, plots and (on the twin) errors against
-    the hidden truth to MLflow; return the ref as JSON."""
+    the hidden truth and the truth's own held-out replay to MLflow; return the ref as JSON."""
     earlier = {int(k): (Ref.from_json(c), Ref.from_json(t)) for k, (c, t) in (earlier_refs or {}).items()}
-    ref, summary, result = run_sysid(
-        configs,
-        iteration,
-        Ref.from_json(collect_ref),
-        Ref.from_json(track_ref),
-        Ref.from_json(attach_ref),
-        earlier=earlier,
-    )
+    refs = (Ref.from_json(collect_ref), Ref.from_json(track_ref), Ref.from_json(attach_ref))
+    data = sysid_data(configs, *refs, earlier=earlier)
+    ref, summary, result = run_sysid(configs, iteration, data)
     client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
     params = {f"{STAGE}.identified.{n}": f"{v:.6g}" for n, v in result.values.items()}
     existing = client.get_run(mlflow_run_id).data.params
@@ -304,7 +359,9 @@ def sysid(
         if isinstance(value, int | float) and not isinstance(value, bool):
             client.log_metric(mlflow_run_id, f"{STAGE}.{key}", float(value), step=iteration)
     if configs.pipeline.hardware_backend == "twin":
-        for key, value in truth_errors(configs, result.values).items():
+        evaluation = truth_errors(configs, result.values)
+        evaluation.update(truth_holdout(configs, data, float(summary["holdout.before.key_frame_error_mm"])))
+        for key, value in evaluation.items():
             client.log_metric(mlflow_run_id, f"{STAGE}.{key}", value, step=iteration)
     for path in sorted((Path(ref.path) / "plots").glob("*.png")):
         client.log_artifact(mlflow_run_id, str(path), artifact_path=STAGE)

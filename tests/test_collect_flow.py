@@ -181,6 +181,11 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert low <= identified["ground"]["friction"] <= high
     assert "sysid.holdout.after.key_frame_error_mm" in run.data.metrics
     assert "sysid.holdout.after.key_frame_error_median_mm" in run.data.metrics  # the typical held-out gait
+    truth_mm = run.data.metrics["sysid.holdout.truth.key_frame_error_mm"]  # the twin's own values, replayed
+    before_mm = run.data.metrics["sysid.holdout.before.key_frame_error_mm"]
+    assert run.data.metrics["sysid.holdout.truth.key_frame_error_reduction_pct"] == pytest.approx(
+        100 * (1 - truth_mm / before_mm)
+    )
     assert {a.path for a in client.list_artifacts(run.info.run_id, "sysid")} >= {
         "sysid/parameters.png",
         "sysid/identified.yaml",

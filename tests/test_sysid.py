@@ -17,6 +17,7 @@ from pipeline.physics import BOUNDS, Engine, Params, RobotModel
 from pipeline.physics.params import robot_overlay, robot_values
 from pipeline.physics.rollout import settle, state_from_caps
 from pipeline.physics.statics import equilibrium_rest_lengths
+from pipeline.physics.truth import twin_true_params
 from pipeline.policies import random_policy
 from pipeline.robot_model import length_to_target, reference_prism, resting_on_face
 from pipeline.sysid import losses
@@ -308,6 +309,41 @@ def test_motor_speed_experiment_kfl_converges_smoother_than_last_step(engine, sl
         return float(np.abs(np.diff(path[len(path) // 2 :])).sum())
 
     assert variation(kfl.history) < variation(last_step.history)
+
+
+def test_truth_holdout_replays_the_twins_own_values_on_the_held_out_gaits(
+    slow_motor_data, default_configs, monkeypatch
+) -> None:
+    """Evaluation on the twin: the held-out gaits are replayed with the twin's values in the engine,
+    its true attachment points and its control latency; the figures are named ``holdout.truth.*``
+    and the reduction is against the start values' error passed in."""
+    import tasks.sysid as stage
+
+    config = SysidConfig(dt_s=DT, chunk_s=2.0, start_fit_iterations=0)
+    configs = default_configs.model_copy(
+        update={"pipeline": default_configs.pipeline.model_copy(update={"sysid": config})}
+    )
+    gaits = split_gaits(slow_motor_data, default_configs.robot, 8.0)
+    fit, held = split_holdout(gaits, 0.3)
+    data = stage.SysidData(default_configs.robot, {slow_motor_data.name: slow_motor_data}, gaits, fit, held)
+    calls = []
+
+    def spied(engine, params, robot, recording, own, *args):
+        calls.append((params, robot, own))
+        return replay(engine, params, robot, recording, own, *args)
+
+    monkeypatch.setattr(stage, "replay", spied)
+    figures = stage.truth_holdout(configs, data, before_mm=50.0)
+    [(params, robot, own)] = calls
+    twin = default_configs.twin
+    assert own == held
+    assert robot.attachment.phase_rad == twin.attachment_phase_rad
+    assert robot.pid.latency_s == twin.control_latency_s
+    truth = twin_true_params(default_configs.robot, twin)
+    assert all(torch.equal(v, getattr(truth, k)) for k, v in params.as_dict().items())
+    error_mm = figures["holdout.truth.key_frame_error_mm"]
+    assert error_mm > 0 and "holdout.truth.final_heading_error_deg" in figures
+    assert figures["holdout.truth.key_frame_error_reduction_pct"] == pytest.approx(100 * (1 - error_mm / 50.0))
 
 
 @pytest.mark.slow
