@@ -12,7 +12,9 @@ redeploy stage runs) and ``gaits.parquet`` (the gait table).
 
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +43,10 @@ from tasks.caching import stage_cache_key
 from tasks.sysid import OVERLAY_FILE as SYSID_OVERLAY
 from tasks.sysid import sysid_robot
 
+log = logging.getLogger(__name__)
+
 STAGE = "gaits"
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"
 GAITS_FILE = "gaits.json"
 POLICIES_FILE = "policies.json"
 TABLE_FILE = "gaits.parquet"
@@ -77,25 +81,68 @@ def _figures(outcome: Outcome, row: int = 0) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True)
+class Expansion:
+    """A policy expanded from a searched gait: the ``policy`` (unsmoothed), the ``gait`` it repeats
+    and that gait's ``rank`` among its objective's candidates (0: the best)."""
+
+    policy: Policy
+    gait: FoundGait
+    rank: int
+
+
+def first_reaching(
+    engine: Engine,
+    params: Params,
+    robot: RobotConfig,
+    start: State,
+    ranked: list[FoundGait],
+    cycles: int,
+    timeout_s: float,
+) -> tuple[int, np.ndarray] | None:
+    """The rank of the first of ``ranked`` whose ``cycles``-cycle expansion reaches every target
+    in the engine from ``start`` (one environment; ``timeout_s`` per target), with that expansion
+    (cycles * n, 6); None if none does."""
+    for rank, gait in enumerate(ranked):
+        targets = expand_in_engine(engine, params, robot, start, gait.targets, cycles, timeout_s)
+        if bool(simulate_targets(engine, params, robot, start, targets, timeout_s).reached[0]):
+            return rank, targets
+    return None
+
+
 def expanded_policies(
     configs: LoadedConfigs,
     engine: Engine,
     params: Params,
     robot: RobotConfig,
     start: State,
-    found: dict[str, FoundGait],
-) -> dict[str, Policy]:
+    candidates: dict[str, list[FoundGait]],
+) -> dict[str, Expansion]:
     """The straight policy (``straight_cycles`` forward cycles) and the turning policy
-    (``turn_cycles`` of the ``turn`` gait), expanded by symmetry in the engine (unsmoothed)."""
+    (``turn_cycles`` of the ``turn`` gait), expanded by symmetry in the engine (unsmoothed).
+
+    Each repeats the best of its objective's ranked ``candidates`` whose expansion reaches every
+    target in the engine from ``start``: a gait that works once can leave the robot where its
+    next cycle's shapes cannot be made. If none does, the best one (with a warning)."""
     c = configs.pipeline.gaits
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
     plans = {"straight": ("forward", c.straight_cycles), "turning": (c.turn, c.turn_cycles)}
-    return {
-        name: Policy(
-            f"{name}-{gait}", expand_in_engine(engine, params, robot, start, found[gait].targets, cycles, timeout_s)
-        )
-        for name, (gait, cycles) in plans.items()
-    }
+    out = {}
+    for name, (objective, cycles) in plans.items():
+        ranked = candidates[objective]
+        found = first_reaching(engine, params, robot, start, ranked, cycles, timeout_s)
+        if found is None:
+            log.warning(
+                "%s policy: no %s gait of %d reaches every target over %d cycles in the engine; using the best",
+                name,
+                objective,
+                len(ranked),
+                cycles,
+            )
+            found = 0, expand_in_engine(engine, params, robot, start, ranked[0].targets, cycles, timeout_s)
+        rank, targets = found
+        out[name] = Expansion(Policy(f"{name}-{objective}", targets), ranked[rank], rank)
+    return out
 
 
 def search_setup(configs: LoadedConfigs, attach_ref: Ref, sysid_ref: Ref) -> tuple[RobotConfig, Engine, Params, State]:
@@ -138,7 +185,8 @@ def run_gaits(
 
     policies = {}
     tolerance = Tolerance(c.smoothing_tolerance_m, math.radians(c.smoothing_tolerance_deg))
-    for name, policy in expanded_policies(configs, engine, params, robot, start, result.gaits).items():
+    for name, expansion in expanded_policies(configs, engine, params, robot, start, result.candidates).items():
+        policy = expansion.policy
         targets = policy.targets
         removed = 0
         if c.smoothing:
@@ -152,6 +200,8 @@ def run_gaits(
             "policy_id": checked.policy_id,
             "targets": checked.targets.tolist(),
             "unsmoothed_targets": policy.targets.tolist(),
+            "gait": _gait_json(expansion.gait),
+            "gait_rank": expansion.rank,
             "targets_removed_by_smoothing": removed,
             "simulated": _figures(outcome),
         }
@@ -178,6 +228,7 @@ def _gait_json(gait: FoundGait) -> dict[str, object]:
         "rotation_deg": math.degrees(gait.rotation_rad),
         "face_steps": gait.face_steps,
         "duration_s": gait.duration_s,
+        "reached": gait.reached,
     }
 
 
@@ -209,6 +260,7 @@ def _summary(found: dict[str, FoundGait], published: dict, policies: dict, searc
         summary[f"policy.{name}.forward_m"] = policy["simulated"]["forward_m"]
         summary[f"policy.{name}.rotation_deg"] = policy["simulated"]["rotation_deg"]
         summary[f"policy.{name}.targets_removed_by_smoothing"] = policy["targets_removed_by_smoothing"]
+        summary[f"policy.{name}.gait_rank"] = policy["gait_rank"]
     return summary
 
 

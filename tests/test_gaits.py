@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from pipeline.config import GaitsConfig, GaitSearchConfig, SysidConfig
+from pipeline.gaits.expansion import expand_in_engine
 from pipeline.gaits.outcome import simulate_targets
 from pipeline.gaits.published import published_gait
 from pipeline.gaits.search import (
     OBJECTIVES,
+    FoundGait,
     SearchResult,
     merge_results,
     objective_score,
@@ -23,7 +25,7 @@ from pipeline.gaits.search import (
 )
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.policies import REST_TARGET
-from tasks.gaits import PUBLISHED, rest_start
+from tasks.gaits import PUBLISHED, first_reaching, rest_start
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +109,27 @@ def test_sharded_exhaustive_search_gives_the_same_gaits(default_configs, default
     for objective in OBJECTIVES:
         assert merged.gaits[objective].score() == pytest.approx(whole.gaits[objective].score(), abs=1e-6)
         np.testing.assert_array_equal(merged.gaits[objective].targets, whole.gaits[objective].targets)
+        ranked = merged.candidates[objective]  # reached ones first, each part by score
+        assert len(ranked) == sum(len(p.candidates[objective]) for p in parts) > 1
+        keys = [(not g.reached, -g.score()) for g in ranked]
+        assert keys == sorted(keys) and ranked[0] is merged.gaits[objective]
+
+
+def test_policy_repeats_the_best_gait_whose_every_cycle_reaches(default_configs, default_engine) -> None:
+    """The gaits stage expands the first of an objective's ranked gaits whose cycles all reach
+    their targets in the engine; a gait with a shape the cables cannot make is passed over."""
+    engine, params, start = default_engine
+    robot = default_configs.robot
+    rolling = np.vstack([published_gait("rolling")[:2], REST_TARGET])
+    stuck = np.vstack([rolling[:1], np.full((1, 6), 3.0), REST_TARGET])  # cables cannot extend that far
+
+    def found(targets: np.ndarray) -> FoundGait:
+        return FoundGait("forward", targets, 0.3, 0.0, 0.0, 1, 2.0, reached=True)
+
+    rank, targets = first_reaching(engine, params, robot, start, [found(stuck), found(rolling)], 2, 3.0)
+    assert rank == 1
+    np.testing.assert_array_equal(targets, expand_in_engine(engine, params, robot, start, rolling, 2, 3.0))
+    assert first_reaching(engine, params, robot, start, [found(stuck)], 2, 3.0) is None
 
 
 def test_published_comparison_cycles_end_at_rest() -> None:

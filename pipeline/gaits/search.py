@@ -29,8 +29,10 @@ Every surviving path is closed with the rest shape (a leaf) and scored after a
 ``settle_s`` hold: centre-of-mass displacement along the start heading (forward,
 backward) and heading change (ccw, cw). The best ``validate_top`` leaves per objective
 are then run again as whole gaits from the start state, one rollout each, exactly as
-the robot would execute them (no pause between targets), and the best validated gait
-is reported with its validated figures.
+the robot would execute them (no pause between targets); per objective they are
+ranked by their validated figures, those that reached every target first, and the first
+is the objective's gait. The ranking lets a caller fall back to the next gait where the
+best one fails when repeated (the gaits stage expands each into a policy of several cycles).
 
 With ``shards`` > 1 the search splits by first shape into independent searches (each
 with the same depth, exact levels and beam, so the beam keeps more nodes in total) that
@@ -63,7 +65,8 @@ counter-clockwise / clockwise heading change."""
 class FoundGait:
     """A gait from the search: ``targets`` (n, 6) ending at the rest shape, for face 0; its
     validated ``forward_m`` (m along the start heading), ``lateral_m`` (m), ``rotation_rad`` (ccw
-    positive), ``face_steps`` (forward face changes per cycle, mod 3), ``duration_s`` (s)."""
+    positive), ``face_steps`` (forward face changes per cycle, mod 3), ``duration_s`` (s) and
+    whether it ``reached`` every target."""
 
     objective: str
     targets: np.ndarray
@@ -72,6 +75,7 @@ class FoundGait:
     rotation_rad: float
     face_steps: int
     duration_s: float
+    reached: bool
 
     def score(self) -> float:
         return objective_score(self.objective, self.forward_m, self.rotation_rad)
@@ -107,19 +111,36 @@ class SearchStats:
         }
 
 
+def _rank_key(gait: FoundGait) -> tuple[bool, float]:
+    """Sort key, best first: gaits that reached every target, then the higher score."""
+    return (not gait.reached, -gait.score())
+
+
 @dataclass(frozen=True)
 class SearchResult:
-    gaits: dict[str, FoundGait]
+    """The validated gaits per objective, ranked best first (:func:`_rank_key`), and the search's figures."""
+
+    candidates: dict[str, list[FoundGait]]
     stats: SearchStats
 
+    @property
+    def gaits(self) -> dict[str, FoundGait]:
+        """The best gait per objective."""
+        return {objective: ranked[0] for objective, ranked in self.candidates.items()}
+
     def to_json(self) -> dict[str, object]:
-        gaits = {k: {**asdict(g), "targets": g.targets.tolist()} for k, g in self.gaits.items()}
-        return {"gaits": gaits, "stats": asdict(self.stats)}
+        candidates = {
+            k: [{**asdict(g), "targets": g.targets.tolist()} for g in ranked] for k, ranked in self.candidates.items()
+        }
+        return {"candidates": candidates, "stats": asdict(self.stats)}
 
     @classmethod
     def from_json(cls, payload: dict) -> SearchResult:
-        gaits = {k: FoundGait(**{**g, "targets": np.asarray(g["targets"], float)}) for k, g in payload["gaits"].items()}
-        return cls(gaits, SearchStats(**payload["stats"]))
+        candidates = {
+            k: [FoundGait(**{**g, "targets": np.asarray(g["targets"], float)}) for g in ranked]
+            for k, ranked in payload["candidates"].items()
+        }
+        return cls(candidates, SearchStats(**payload["stats"]))
 
 
 @dataclass
@@ -269,9 +290,9 @@ class GaitSearch:
             frontier = self._subset(frontier, keep)
         leaves.append(self._close(frontier, stats)[0])
         stats.leaves = sum(len(leaf.paths) for leaf in leaves)
-        gaits = self._validate(leaves, stats)
+        candidates = self._validate(leaves, stats)
         stats.wall_s = time.perf_counter() - began
-        return SearchResult(gaits, stats)
+        return SearchResult(candidates, stats)
 
     def _subset(self, frontier: _Frontier, rows: np.ndarray) -> _Frontier:
         return _Frontier(
@@ -297,8 +318,9 @@ class GaitSearch:
         }
         return np.array(sorted(best), dtype=int)
 
-    def _validate(self, leaves: list[_Frontier], stats: SearchStats) -> dict[str, FoundGait]:
-        """Re-run the best ``validate_top`` leaves per objective as whole gaits from the start."""
+    def _validate(self, leaves: list[_Frontier], stats: SearchStats) -> dict[str, list[FoundGait]]:
+        """Re-run the best ``validate_top`` leaves per objective as whole gaits from the start;
+        per objective, its ``validate_top`` best validated gaits, ranked."""
         candidates: dict[tuple[int, ...], None] = {}
         paths = [leaf.paths[:, :-1] for leaf in leaves]
         scores = np.concatenate([self._scores(leaf) for leaf in leaves])
@@ -322,22 +344,25 @@ class GaitSearch:
             final_hold_s=self.config.settle_s,
         )
         stats.validated = len(sequences)
-        return {objective: self._best(objective, sequences, outcome) for objective in OBJECTIVES}
+        return {
+            objective: sorted(
+                (self._found(objective, sequences, outcome, row) for row in range(len(sequences))), key=_rank_key
+            )[: self.config.validate_top]
+            for objective in OBJECTIVES
+        }
 
-    def _best(self, objective: str, sequences: list[tuple[int, ...]], outcome: Outcome) -> FoundGait:
-        values = objective_score(objective, outcome.forward_m, outcome.rotation_rad)
-        values = np.where(outcome.reached, values, -np.inf)
-        best = int(np.argmax(values))
-        finished = np.flatnonzero(outcome.trace.finished[best].numpy())
+    def _found(self, objective: str, sequences: list[tuple[int, ...]], outcome: Outcome, row: int) -> FoundGait:
+        finished = np.flatnonzero(outcome.trace.finished[row].numpy())
         end_s = float(outcome.trace.t_s[finished[0]]) if len(finished) else float(outcome.trace.t_s[-1])
         return FoundGait(
             objective=objective,
-            targets=np.vstack([self.shapes[list(sequences[best])], np.ones((1, N_ACTUATED))]),
-            forward_m=float(outcome.forward_m[best]),
-            lateral_m=float(outcome.lateral_m[best]),
-            rotation_rad=float(outcome.rotation_rad[best]),
-            face_steps=int(outcome.faces_changed[best]),
+            targets=np.vstack([self.shapes[list(sequences[row])], np.ones((1, N_ACTUATED))]),
+            forward_m=float(outcome.forward_m[row]),
+            lateral_m=float(outcome.lateral_m[row]),
+            rotation_rad=float(outcome.rotation_rad[row]),
+            face_steps=int(outcome.faces_changed[row]),
             duration_s=end_s - self.config.settle_s,
+            reached=bool(outcome.reached[row]),
         )
 
 
@@ -357,9 +382,9 @@ def search_gaits(
 
 
 def merge_results(results: list[SearchResult]) -> SearchResult:
-    """The shards of one search as one: the best gait per objective, the counts summed level by
-    level (``wall_s``: the shards' total)."""
-    gaits = {o: max((r.gaits[o] for r in results), key=lambda g: g.score()) for o in OBJECTIVES}
+    """The shards of one search as one: each objective's candidates of all shards, ranked, the
+    counts summed level by level (``wall_s``: the shards' total)."""
+    candidates = {o: sorted((g for r in results for g in r.candidates[o]), key=_rank_key) for o in OBJECTIVES}
     stats = SearchStats(shapes=results[0].stats.shapes)
     for name in ("simulated", "unreachable", "merged", "beam_pruned"):
         per_level = [getattr(r.stats, name) for r in results]
@@ -367,4 +392,4 @@ def merge_results(results: list[SearchResult]) -> SearchResult:
         setattr(stats, name, [sum(levels[i] for levels in per_level if i < len(levels)) for i in range(width)])
     for name in ("leaves", "unclosed", "validated", "wall_s"):
         setattr(stats, name, sum(getattr(r.stats, name) for r in results))
-    return SearchResult(gaits, stats)
+    return SearchResult(candidates, stats)
