@@ -11,7 +11,10 @@ the robust KFL, with profile widths; ``configs/pipeline/default.yaml``):
   latency, per-motor speed spread), its ground-truth end caps at the camera rate with
   2 mm noise standing in for the tracker (``benchmarks.tracking`` measures the
   tracker): the error against the twin's truth where the engine has a counterpart,
-  and the held-out key-frame error before (robot-config values) and after.
+  and the held-out key-frame error before (robot-config values) and after. As in the
+  stage, the control latency is chosen from ``sysid.latency_grid_s`` first
+  (:func:`tasks.sysid.latency_robot`); the engine has the twin's true attachment points
+  (the attach stage's estimate is ``benchmarks.tracking``'s), so the figures are of sysid alone.
 
 Anchor, same twin data: MuJoCo's own ``mujoco.sysid`` (``benchmarks.sysid_mujoco``).
 Prints one JSON object (last line). ``--quick``: short trajectories, few steps.
@@ -32,7 +35,7 @@ import pandas as pd
 import torch
 
 from benchmarks.sysid_mujoco import mujoco_sysid_anchor, twin_recording
-from pipeline.config import LoadedConfigs, SysidConfig, load_all
+from pipeline.config import LoadedConfigs, RobotConfig, SysidConfig, load_all
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.truth import twin_true_params
 from pipeline.policies import random_policy
@@ -42,6 +45,7 @@ from pipeline.sysid.losses import make_loss
 from pipeline.sysid.synthetic import engine_recording
 from pipeline.sysid.validate import replay, split_holdout
 from storage.trajectory import CABLE_COLS, CAP_COLS, CONTROL_COLS, TARGET_COLS
+from tasks.sysid import latency_robot
 
 ENGINE_TRUTH = {"motor_speed": 0.7, "friction": 0.5, "restitution": 0.3}
 CAPS_NOISE_M = 0.002
@@ -68,14 +72,19 @@ def twin_data(configs: LoadedConfigs, n_targets: int, seed: int) -> tuple[Record
     return recording, sensors, caps
 
 
-def run(configs: LoadedConfigs, recording: Recording, config: SysidConfig, holdout: float) -> dict[str, object]:
-    """Identify on ``recording`` (minus the held-out tail) and replay the held-out gaits."""
-    robot = configs.robot
-    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s)
+def run(
+    robot: RobotConfig, recording: Recording, config: SysidConfig, holdout: float, latency: bool
+) -> dict[str, object]:
+    """Identify on ``recording`` (minus the held-out tail; with ``latency``, after choosing the
+    control latency as the stage does) and replay the held-out gaits."""
     gaits = split_gaits(recording, robot, TIMEOUT_S)
     fit, held = split_holdout(gaits, holdout)
     start = Params.from_robot(robot)
     began = time.perf_counter()
+    configured = robot
+    if latency:
+        robot, _ = latency_robot(robot, {recording.name: recording}, fit, config, TIMEOUT_S)
+    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s)
     loss = make_loss(engine, robot, {recording.name: recording}, fit, start, config, TIMEOUT_S)
     result = identify_staged(loss, start, config)
     wall_s = time.perf_counter() - began
@@ -87,10 +96,12 @@ def run(configs: LoadedConfigs, recording: Recording, config: SysidConfig, holdo
         "steps": result.iterations,
         "converged": result.converged,
         "identified": result.values,
+        "latency_s": robot.pid.latency_s,
         "profile": result.profile,
     }
     if held:
-        before = replay(engine, start, robot, recording, held, config, TIMEOUT_S)
+        before_engine = Engine(RobotModel.from_robot(configured), dt=config.dt_s)
+        before = replay(before_engine, start, configured, recording, held, config, TIMEOUT_S)
         after = replay(engine, result.params, robot, recording, held, config, TIMEOUT_S)
         out["holdout_before"] = before.metrics("")
         out["holdout_after"] = after.metrics("")
@@ -137,12 +148,14 @@ def main() -> None:
         caps_noise_m=CAPS_NOISE_M,
         cable_noise_m=CABLE_NOISE_M,
     )
-    engine_result = run(configs, synthetic, config, holdout=0.0)
+    engine_result = run(robot, synthetic, config, holdout=0.0, latency=False)
     engine_result["truth"] = ENGINE_TRUTH
     engine_result.update(errors(engine_result["identified"], ENGINE_TRUTH))
 
     recording, sensors, caps = twin_data(configs, n_targets, seed=0)
-    twin_result = run(configs, recording, config, holdout=config.holdout_fraction)
+    attachment = robot.attachment.model_copy(update={"phase_rad": configs.twin.attachment_phase_rad})
+    twin_robot = robot.model_copy(update={"attachment": attachment})
+    twin_result = run(twin_robot, recording, config, holdout=config.holdout_fraction, latency=True)
     truth = twin_true_params(robot, configs.twin)
     twin_truth = {n: float(getattr(truth, n)[0]) for n in config.parameters}
     twin_result["truth"] = twin_truth

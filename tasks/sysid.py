@@ -27,7 +27,7 @@ from prefect import task
 from prefect.context import TaskRunContext
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.config import LoadedConfigs, RobotConfig, robot_with_overlay
+from pipeline.config import LoadedConfigs, RobotConfig, SysidConfig, robot_with_overlay
 from pipeline.errors import DataError
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.mjcf_export import identified_mjcf
@@ -148,6 +148,25 @@ def replay_held_out(configs: LoadedConfigs, data: SysidData, robot: RobotConfig,
     return replays
 
 
+def latency_robot(
+    robot: RobotConfig, recordings: dict[str, Recording], fit: list[Gait], config: SysidConfig, timeout_s: float
+) -> tuple[RobotConfig, dict[float, float]]:
+    """``robot`` with the control latency of ``config.latency_grid_s`` whose loss on the ``fit``
+    gaits is lowest at the robot's own values (``robot`` as it is without a grid), and each
+    candidate's loss by latency (s). ``timeout_s``: the segment timeout of recordings that do not say."""
+    if not config.latency_grid_s:
+        return robot, {}
+    start = Params.from_robot(robot)
+
+    def build(latency_s: float):
+        candidate = with_latency(robot, latency_s)
+        engine = Engine(RobotModel.from_robot(candidate), dt=config.dt_s)
+        return make_loss(engine, candidate, recordings, fit, start, config, timeout_s)
+
+    latency, scores = best_latency(build, start, config.latency_grid_s)
+    return with_latency(robot, latency), scores
+
+
 def run_sysid(
     configs: LoadedConfigs, iteration: int, data: SysidData, show_progress: bool = True
 ) -> tuple[Ref, dict[str, object], Identification]:
@@ -158,16 +177,7 @@ def run_sysid(
     robot, recordings, gaits, fit, held = data.robot, data.recordings, data.gaits, data.fit, data.held
     start = Params.from_robot(robot)
     configured = robot
-    latency_scores: dict[float, float] = {}
-    if config.latency_grid_s:
-
-        def build(latency_s: float):
-            candidate = with_latency(robot, latency_s)
-            engine = Engine(RobotModel.from_robot(candidate), dt=config.dt_s)
-            return make_loss(engine, candidate, recordings, fit, start, config, timeout_s)
-
-        latency, latency_scores = best_latency(build, start, config.latency_grid_s)
-        robot = with_latency(robot, latency)
+    robot, latency_scores = latency_robot(robot, recordings, fit, config, timeout_s)
     engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s)
     loss = make_loss(engine, robot, recordings, fit, start, config, timeout_s)
     with Progress(
