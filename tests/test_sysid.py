@@ -25,7 +25,7 @@ from pipeline.sysid.data import EXTEND, HOLD, RETRACT, Recording, split_gaits
 from pipeline.sysid.evolution import PROFILE_MOVES, refine, robust_defects
 from pipeline.sysid.identify import identify, identify_staged, planned_steps, robust_sum, unit_gradients
 from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
-from pipeline.sysid.losses import KeyFrameLoss, Population, make_loss
+from pipeline.sysid.losses import KeyFrameLoss, LossValue, Population, make_loss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.synthetic import engine_recording, exact_states
 from pipeline.sysid.validate import replay, split_holdout
@@ -170,6 +170,42 @@ def test_kfl_gradient_points_to_the_true_motor_speed(engine, slow_motor_data, de
         assert units.shape == (len(gaits), 1)
         assert float(robust_sum(units, 3.0)[0]) * sign > 0
         assert not units[~torch.as_tensor(loss.scored)].any()  # lead-in gaits give no gradient
+
+
+class _OverflowingLoss:
+    """Three units of one parameter (motor speed), minimum at 0.5: unit 1 is outside the loss and
+    unit 2 counts only with ``count_last``; the derivatives of units 1 and 2 overflow (sqrt at 0)."""
+
+    name = "overflowing"
+    units = 3
+    scored = np.array([True, False, True])
+
+    def __init__(self, count_last: bool) -> None:
+        self.kept = np.array([True, False, count_last])
+
+    def __call__(self, params: Params) -> LossValue:
+        s = params.motor_speed
+        stuck = [torch.sqrt(s[k] - s[k].detach()) for k in (1, 2)]  # 0, with an infinite derivative
+        defects = torch.stack([(s[0] - 0.5) ** 2, stuck[0], (s[2] - 0.5) ** 2 + stuck[1]]) / 1e-4
+        loss = defects[torch.as_tensor(self.kept)].mean()
+        return LossValue(loss, defects.detach().numpy(), np.zeros((3, 6)), self.scored, self.kept)
+
+
+def test_a_unit_whose_derivatives_overflow_leaves_the_gradient_finite(default_configs, caplog) -> None:
+    """A unit outside the loss gets an exactly zero gradient even where its rollout's derivatives
+    overflowed (0 * inf); a counted one that overflowed counts as having none, with a warning;
+    the identification goes on with the others."""
+    space = ParameterSpace(("motor_speed",), Params.from_robot(default_configs.robot))
+    theta = space.initial().clone().requires_grad_(True)
+    _, units = unit_gradients(_OverflowingLoss(count_last=False), space, theta)
+    assert units[0, 0] > 0 and units[1, 0] == 0 and units[2, 0] == 0
+    assert "not finite" not in caplog.text
+    _, units = unit_gradients(_OverflowingLoss(count_last=True), space, theta)
+    assert units[0, 0] > 0 and units[2, 0] == 0
+    assert "the gradient of 1 of 2 counted units is not finite" in caplog.text
+    config = SysidConfig(parameters=("motor_speed",), iterations=30, min_iterations=30)
+    result = identify(_OverflowingLoss(count_last=False), space, config)
+    assert result.values["motor_speed"] == pytest.approx(0.5, abs=0.03)
 
 
 def test_robust_sum_bounds_an_exploding_key_frame() -> None:

@@ -30,6 +30,7 @@ result is never worse than the start on the fitting data's key frames.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -43,6 +44,8 @@ from pipeline.sysid.evolution import PROFILE_MOVES, refine
 from pipeline.sysid.losses import KeyFrameLoss, LossValue, TrajectoryLoss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.result import Identification, Step
+
+log = logging.getLogger(__name__)
 
 
 def identify(
@@ -130,7 +133,24 @@ def unit_gradients(
     grads = torch.autograd.grad(value.loss, list(leaves.values()), allow_unused=True)
     chain = torch.stack([torch.autograd.grad(values[n], theta, retain_graph=True)[0] for n in space.names])
     per_unit = torch.stack([torch.zeros(loss_fn.units) if g is None else g.to(torch.float64) for g in grads], -1)
-    return value, per_unit @ chain
+    return value, _finite_rows(per_unit, torch.as_tensor(value.kept)) @ chain
+
+
+def _finite_rows(per_unit: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """``per_unit`` gradients (units, P) with those of units outside the loss (``kept`` false)
+    set to exactly zero, and those of counted units that are not finite set to zero with a
+    warning. A rollout whose derivatives overflowed (a long, stuck gait pressed into the ground)
+    turns the loss's zero weight on an uncounted unit into NaN (0 * inf); a counted one's
+    gradient says nothing then, and the other units' still do."""
+    broken = kept & ~torch.isfinite(per_unit).all(-1)
+    if bool(broken.any()):
+        log.warning(
+            "sysid: the gradient of %d of %d counted units is not finite (a rollout's derivatives "
+            "overflowed); they count as having none this step",
+            int(broken.sum()),
+            int(kept.sum()),
+        )
+    return torch.where((kept & ~broken)[:, None], per_unit, torch.zeros_like(per_unit))
 
 
 def robust_sum(unit_gradients: torch.Tensor, clip: float) -> torch.Tensor:
