@@ -10,8 +10,9 @@ gaits. It writes ``identified.yaml`` (a robot-config overlay with the identified
 values), ``identified.xml`` (a self-contained MuJoCo model of the identified robot,
 :mod:`pipeline.physics.mjcf_export`), ``history.parquet`` (loss, values and gradients per
 step), ``validation.json`` and plots. It never reads the twin's hidden configuration;
-the Prefect task scores the identified values against it, for evaluation only,
-when the hardware is the twin.
+the Prefect task scores the identified values against it and replays the twin's own
+values on the held-out gaits (:func:`truth_holdout`), for evaluation only, when the
+hardware is the twin.
 """
 
 from __future__ import annotations
