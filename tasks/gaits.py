@@ -102,7 +102,9 @@ def first_reaching(
 ) -> tuple[int, np.ndarray] | None:
     """The rank of the first of ``ranked`` whose ``cycles``-cycle expansion reaches every target
     in the engine from ``start`` (one environment; ``timeout_s`` per target), with that expansion
-    (cycles * n, 6); None if none does."""
+    (cycles * n, 6); None if none does. The check runs the whole policy as the robot will: the
+    expansion's own cycle-by-cycle runs restart the controller at each cycle and can reach where
+    the whole run does not (the main job's iteration-1 ccw gait)."""
     for rank, gait in enumerate(ranked):
         targets = expand_in_engine(engine, params, robot, start, gait.targets, cycles, timeout_s)
         if bool(simulate_targets(engine, params, robot, start, targets, timeout_s).reached[0]):
