@@ -102,6 +102,65 @@ class _Observations:
             self.cap_mask[b, : len(ticks)] = True
 
 
+class StartResiduals:
+    """Weighted residuals of perturbed window starts against their lead-ins' data: the engine
+    run from ``starts`` moved by a perturbation, with each window's policy (``targets``
+    (B, S, 6), ``timeout_s`` (B, S)), over its lead-in; tracked caps at their frames in
+    ``caps_sigma_m`` and sensed cable lengths at every control tick in ``cable_sigma_m`` (m)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        robot: RobotConfig,
+        starts: WindowStarts,
+        leads: list[LeadIn],
+        targets: torch.Tensor,
+        timeout_s: np.ndarray,
+        caps_sigma_m: float,
+        cable_sigma_m: float,
+    ) -> None:
+        if len(leads) != starts.state.batch_size:
+            raise ValueError(f"need one lead-in per start ({starts.state.batch_size}), got {len(leads)}")
+        self.engine, self.robot, self.starts, self.targets, self.timeout_s = engine, robot, starts, targets, timeout_s
+        self.caps_sigma_m, self.cable_sigma_m = caps_sigma_m, cable_sigma_m
+        self.tick_s = 1.0 / robot.pid.control_rate_hz
+        self.observed = _Observations(leads, self.tick_s)
+
+    @property
+    def count(self) -> int:
+        """Number of data residuals over every window (the expected cost of the truth on noisy data)."""
+        observed = self.observed
+        return int(observed.cap_mask.sum()) * 6 * 3 + int(observed.cable_mask.sum()) * observed.cables_m.shape[2]
+
+    def __call__(self, z: torch.Tensor, rows: torch.Tensor, params: Params) -> torch.Tensor:
+        """Residuals (N, R) of perturbations ``z`` (N, :data:`COORDINATES`) of windows ``rows``
+        (N,), each run with its own environment of ``params`` (N envs); R is the same for every
+        window (padding residuals are zero)."""
+        observed = self.observed
+        state = perturbed(self.starts.state.index(rows), z)
+        with torch.no_grad():
+            trace, _ = run_windows(
+                self.engine,
+                params,
+                replace(self.starts, state=state),
+                self.targets[rows],
+                self.robot.pid,
+                self.timeout_s[rows.numpy()],
+                self.robot.pid.latency_s,
+                max_time_s=(observed.ticks - 1) * self.tick_s + 1e-9,
+            )
+        caps = trace.caps_m[:, : observed.ticks]
+        cables = trace.cables_m[:, : observed.ticks]
+        if caps.shape[1] < observed.ticks:
+            pad = observed.ticks - caps.shape[1]
+            caps = torch.cat([caps, caps[:, -1:].expand(-1, pad, -1, -1)], 1)
+            cables = torch.cat([cables, cables[:, -1:].expand(-1, pad, -1)], 1)
+        at_frames = caps[torch.arange(len(rows))[:, None], observed.cap_ticks[rows]]
+        cap_res = (at_frames - observed.caps_m[rows]) / self.caps_sigma_m * observed.cap_mask[rows, :, None, None]
+        cable_res = (cables - observed.cables_m[rows]) / self.cable_sigma_m * observed.cable_mask[rows, :, None]
+        return torch.cat([cap_res.flatten(1), cable_res.flatten(1)], 1)
+
+
 def fit_start_states(
     engine: Engine,
     params: Params,
@@ -116,38 +175,14 @@ def fit_start_states(
 ) -> State:
     """``starts`` corrected to fit ``leads`` (one per window) with ``params`` (one environment);
     ``targets`` (B, S, 6) and ``timeout_s`` (B, S) are the windows' policies, as run from them;
-    the residuals are weighted by the tracking and cable-sensor noise (m)."""
+    the residuals (:class:`StartResiduals`) are weighted by the tracking and cable-sensor noise (m)."""
     batch = starts.state.batch_size
-    if len(leads) != batch:
-        raise ValueError(f"need one lead-in per start ({batch}), got {len(leads)}")
-    tick_s = 1.0 / robot.pid.control_rate_hz
-    observed = _Observations(leads, tick_s)
+    data = StartResiduals(engine, robot, starts, leads, targets, timeout_s, caps_sigma_m, cable_sigma_m)
     one = Params(**{n: v.detach() for n, v in params.as_dict().items()})
 
     def residuals(z: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Weighted residuals (N, R) of perturbations ``z`` (N, COORDINATES) of windows ``rows``."""
-        state = perturbed(starts.state.index(rows), z)
-        with torch.no_grad():
-            trace, _ = run_windows(
-                engine,
-                one.expand(len(rows)),
-                replace(starts, state=state),
-                targets[rows],
-                robot.pid,
-                timeout_s[rows.numpy()],
-                robot.pid.latency_s,
-                max_time_s=(observed.ticks - 1) * tick_s + 1e-9,
-            )
-        caps = trace.caps_m[:, : observed.ticks]
-        cables = trace.cables_m[:, : observed.ticks]
-        if caps.shape[1] < observed.ticks:
-            pad = observed.ticks - caps.shape[1]
-            caps = torch.cat([caps, caps[:, -1:].expand(-1, pad, -1, -1)], 1)
-            cables = torch.cat([cables, cables[:, -1:].expand(-1, pad, -1)], 1)
-        at_frames = caps[torch.arange(len(rows))[:, None], observed.cap_ticks[rows]]
-        cap_res = (at_frames - observed.caps_m[rows]) / caps_sigma_m * observed.cap_mask[rows, :, None, None]
-        cable_res = (cables - observed.cables_m[rows]) / cable_sigma_m * observed.cable_mask[rows, :, None]
-        return torch.cat([cap_res.flatten(1), cable_res.flatten(1), PRIOR_WEIGHT * z], 1)
+        """Data and prior residuals (N, R + COORDINATES) of perturbations ``z`` of windows ``rows``."""
+        return torch.cat([data(z, rows, one.expand(len(rows))), PRIOR_WEIGHT * z], 1)
 
     every = torch.arange(batch)
     z = torch.zeros(batch, COORDINATES, dtype=torch.float64)
