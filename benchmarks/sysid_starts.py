@@ -79,7 +79,10 @@ def main() -> None:
     parser.add_argument("--targets", type=int, default=70, help="random targets (~0.43 s each)")
     parser.add_argument("--noise", type=float, default=0.002, help="end-cap tracking noise (m)")
     parser.add_argument("--biased-friction", type=float, default=0.4, help="friction of the biased start fit")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 20 targets")
     args = parser.parse_args()
+    if args.quick:
+        args.targets = 20
     torch.set_num_threads(2)
     configs = load_all(args.config)
     robot, config = configs.robot, configs.pipeline.sysid
