@@ -392,7 +392,8 @@ def test_truth_holdout_replays_the_twins_own_values_on_the_held_out_gaits(
     "From exact states on noise-free data the truth is a minimum under 1 % wide in motor speed that the "
     "search misses (friction 0.559); with noise, starts fitted at the truth flatten it. Linearised, the data bound "
     "friction to under 0.1 % with the starts free (benchmarks.sysid_information); fitting the starts jointly with "
-    "the parameters lands in local minima of the starts (README, sysid)",
+    "the parameters lands in local minima of the starts; with the robot at rest between targets, static rest "
+    "lengths 0.3 mm off the exact ones already flatten the friction profile (benchmarks.sysid_rest_starts; README)",
 )
 def test_recovery_from_a_noisy_random_policy_on_engine_data(default_configs) -> None:
     """Motor speed, friction and restitution within 3 % from 60 s of a random policy in the
