@@ -31,7 +31,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np
 import torch
 
-from benchmarks.sysid import ENGINE_TRUTH, TIMEOUT_S
+from benchmarks.sysid import CABLE_NOISE_M, CAPS_NOISE_M, ENGINE_TRUTH, TIMEOUT_S
 from pipeline.config import load_all
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.policies import random_policy
@@ -40,10 +40,6 @@ from pipeline.sysid.losses import KeyFrameLoss
 from pipeline.sysid.start_fit import COORDINATES, DIFFERENCE_STEP, LeadIn, StartResiduals
 from pipeline.sysid.synthetic import engine_recording, exact_states
 
-CAPS_SIGMA_M = 0.002
-"""Tracking noise of an end cap (m)."""
-CABLE_SIGMA_M = 0.001
-"""Noise of a sensed cable length (m)."""
 CHUNKS_PER_BATCH = 8
 """Chunks whose finite differences run as one engine batch (bounds the memory)."""
 
@@ -100,7 +96,7 @@ def main() -> None:
     exact = exact_states(engine, truth, robot, targets, [chunk[0].index for chunk in loss.chunks], TIMEOUT_S)
     starts = loss.with_start_states(exact).starts
     leads = [LeadIn(data, chunk[0].start_s, sum(g.duration_s for g in chunk)) for chunk in loss.chunks]
-    residuals = StartResiduals(engine, robot, starts, leads, loss.targets, loss.timeout, CAPS_SIGMA_M, CABLE_SIGMA_M)
+    residuals = StartResiduals(engine, robot, starts, leads, loss.targets, loss.timeout, CAPS_NOISE_M, CABLE_NOISE_M)
     report: dict[str, object] = {
         "trajectory_s": float(data.t_s[-1]),
         "seed": args.seed,

@@ -44,7 +44,7 @@ from pipeline.sysid.data import Recording
 from pipeline.sysid.synthetic import recording_start
 from pipeline.sysid.windows import window_starts
 
-GRID = {"friction": (0.4, 0.45, 0.48, 0.5, 0.52, 0.55, 0.6), "motor_speed": (0.68, 0.69, 0.71, 0.72)}
+GRID = {"friction": (0.4, 0.45, 0.48, 0.52, 0.55, 0.6), "motor_speed": (0.68, 0.69, 0.71, 0.72)}
 """Parameter values scored besides the truth (one parameter changed at a time)."""
 
 
