@@ -158,6 +158,33 @@ def test_batch_matches_single_environments(engine, rest_state, default_configs) 
     assert int((fast >= 1).nonzero()[0]) < int((slow >= 1).nonzero()[0])  # faster motors reach the target sooner
 
 
+def test_per_environment_end_times_return_the_state_at_each(engine, rest_state, default_configs) -> None:
+    """A (B,) ``max_time_s`` ends each environment at its own time: its returned state is the one a
+    run of that length alone ends in, and its trace up to then is that run's."""
+    params1, rest = rest_state
+    robot = default_configs.robot
+    ends_s = [0.3, 0.62, 1.0]
+    targets = torch.tensor([[0.2, 1, 1, 0.2, 1, 1], [1.0] * 6], dtype=torch.float64)
+    with torch.no_grad():
+        final, trace = run_policy(
+            engine,
+            params1.expand(3),
+            rest.index(torch.zeros(3, dtype=torch.long)),
+            targets,
+            robot.pid,
+            segment_timeout_s=3.0,
+            max_time_s=torch.tensor(ends_s, dtype=torch.float64),
+        )
+        for i, end_s in enumerate(ends_s):
+            alone, single = run_policy(engine, params1, rest, targets, robot.pid, 3.0, max_time_s=end_s)
+            torch.testing.assert_close(final.pos[i], alone.pos[0], rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(final.motor_omega[i], alone.motor_omega[0], rtol=1e-9, atol=1e-12)
+            n = single.caps_m.shape[1]
+            torch.testing.assert_close(trace.caps_m[i, :n], single.caps_m[0], rtol=1e-9, atol=1e-12)
+    assert trace.t_s[-1] == pytest.approx(1.0)
+    assert not torch.allclose(final.pos[0], final.pos[2])
+
+
 def test_parameters_out_of_bounds_are_errors(default_configs) -> None:
     robot = default_configs.robot
     with pytest.raises(ParameterBoundsError, match=r"'friction' = -0.1 in environment 0 .* \[0.0, 2.0\]"):

@@ -27,10 +27,10 @@ from pipeline.sysid.identify import identify, identify_staged, planned_steps, ro
 from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
 from pipeline.sysid.losses import KeyFrameLoss, LossValue, Population, make_loss
 from pipeline.sysid.parameters import ParameterSpace
-from pipeline.sysid.start_fit import COORDINATES, LeadIn, StartResiduals
+from pipeline.sysid.start_fit import COORDINATES, LeadIn, StartResiduals, difference, perturbed
 from pipeline.sysid.synthetic import engine_recording, exact_states
 from pipeline.sysid.validate import replay, split_holdout
-from pipeline.sysid.windows import run_windows
+from pipeline.sysid.windows import WindowStarts, run_windows
 
 DT = 0.005  # engine data and identification share the step, so the model is exact
 
@@ -543,6 +543,33 @@ def test_start_residuals_are_the_noise_at_the_engines_own_states(engine, default
     assert cost(z, Params.from_robot(robot, motor_speed=0.7, friction=0.55, restitution=0.3)) > residuals.count + spread
     with pytest.raises(ValueError, match="one lead-in per start"):
         StartResiduals(engine, robot, loss.starts, leads[:1], loss.targets, loss.timeout, 0.002, 0.001)
+
+
+def test_gait_windows_end_where_the_next_gait_starts(engine, default_configs) -> None:
+    """Each gait a window from the engine's exact state where it began, run over the gait's own
+    duration (its target, then the next): the window's end state is the exact state where the
+    next gait began (continuity defect zero, noise-free data), the residuals vanish, and the
+    coordinates of :func:`difference` invert those of :func:`perturbed`."""
+    robot = default_configs.robot
+    truth = Params.from_robot(robot, motor_speed=0.7, friction=0.5, restitution=0.3)
+    targets = random_policy(robot, 6, seed=2).targets
+    data = engine_recording(engine, truth, robot, targets)
+    gaits = split_gaits(data, robot, 8.0)
+    exact = exact_states(engine, truth, robot, targets, [g.index for g in gaits])
+    starts = WindowStarts(exact, engine.cap_positions(exact), np.zeros((len(gaits), 6, 3)), np.zeros(len(gaits)))
+    policy = torch.tensor(np.stack([targets[[g.index, min(g.index + 1, len(targets) - 1)]] for g in gaits]))
+    leads = [LeadIn(data, g.start_s, g.duration_s) for g in gaits]
+    residuals = StartResiduals(engine, robot, starts, leads, policy, np.full((len(gaits), 2), 8.0), 0.002, 0.001)
+    rows = torch.arange(len(gaits))
+    z = torch.zeros(len(gaits), COORDINATES, dtype=torch.float64)
+    res, ends = residuals.run(z, rows, truth.expand(len(gaits)))
+    assert len(gaits) >= 5 and float(res.abs().max()) < 1e-6
+    defects = difference(ends.index(slice(0, -1)), exact.index(slice(1, None)))
+    assert float(defects.abs().max()) < 1e-6
+    moved = perturbed(exact, 0.1 * torch.ones_like(z))
+    torch.testing.assert_close(difference(moved, exact), 0.1 * torch.ones_like(z), rtol=0, atol=1e-3)
+    _, wrong = residuals.run(z, rows, Params.from_robot(robot, motor_speed=0.8).expand(len(gaits)))
+    assert float(difference(wrong.index(slice(0, -1)), exact.index(slice(1, None))).abs().max()) > 1.0
 
 
 def test_fitted_starts_carry_the_lead_ins_and_lower_the_key_frame_error(engine, default_configs) -> None:

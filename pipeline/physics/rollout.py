@@ -56,7 +56,7 @@ def run_policy(
     segment_timeout_s: float | torch.Tensor,
     final_hold_s: float = 1.0,
     latency_s: float = 0.0,
-    max_time_s: float | None = None,
+    max_time_s: float | torch.Tensor | None = None,
     detach_between_segments: bool = False,
 ) -> tuple[State, Trace]:
     """Run ``targets`` ((S, 6) shared or (B, S, 6) per environment) from ``state``.
@@ -67,9 +67,10 @@ def run_policy(
     environment and segment), runs the PID, and holds the command for the physics
     steps of the tick; commands reach the motors ``latency_s`` later. After the last
     target is reached an environment is held for ``final_hold_s`` and then stops
-    commanding. Returns each environment's state on the tick it finished (the last tick for
-    one that did not finish: a batch runs until all have, and the others' idle physics after
-    they finished is not part of their run) and the :class:`Trace` (differentiable in
+    commanding; ``max_time_s`` (s: one value, or (B,) per environment) ends an environment's
+    run on the first tick at or after it. Returns each environment's state on the tick its
+    run ended (a batch runs until all have, and the others' idle physics after that is not
+    part of their run) and the :class:`Trace` (differentiable in
     ``params`` and ``state``). With ``detach_between_segments`` an environment's state
     is detached when it moves on to its next target (after that tick is recorded, so
     the recorded end of a segment keeps its gradient), and each segment's gradient
@@ -104,9 +105,11 @@ def run_policy(
     has_previous = torch.zeros(batch, 1, dtype=torch.bool, device=device)
     pending: deque[torch.Tensor] = deque(torch.zeros_like(integral) for _ in range(round(latency_s / tick_s)))
     times, caps, cables, segments, controls, finished_log = [], [], [], [], [], []
+    limit = torch.as_tensor(math.inf if max_time_s is None else max_time_s, dtype=dtype, device=device)
+    limit = limit.expand(batch)
     tick = 0
-    at_finish = state
-    was_finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    at_end = state
+    was_ended = torch.zeros(batch, dtype=torch.bool, device=device)
     while True:
         t = tick * tick_s
         lengths = engine.cable_lengths(state)
@@ -124,10 +127,11 @@ def run_policy(
         integral = integral * ~moving_on[:, None]
         has_previous = has_previous & ~moving_on[:, None]
         finished = t >= hold_until
-        newly = finished & ~was_finished
+        ended = finished | (t >= limit)
+        newly = ended & ~was_ended
         if bool(newly.any()):
-            at_finish = _where_state(newly, state, at_finish)
-        was_finished = finished
+            at_end = _where_state(newly, state, at_end)
+        was_ended = ended
         target = targets[torch.arange(batch, device=device), segment]
         error = position - target
         u, integral = pid_update(pid, error, integral, torch.where(has_previous, previous, error), tick_s)
@@ -139,7 +143,7 @@ def run_policy(
         segments.append(segment)
         controls.append(u)
         finished_log.append(finished)
-        if bool(finished.all()) or (max_time_s is not None and t >= max_time_s):
+        if bool(ended.all()):
             break
         if detach_between_segments and bool(moving_on.any()):
             state = _detach_where(state, moving_on)
@@ -163,7 +167,7 @@ def run_policy(
         control=torch.stack(controls, dim=1),
         finished=torch.stack(finished_log, dim=1),
     )
-    return _where_state(was_finished, at_finish, state), trace
+    return at_end, trace
 
 
 def _where_state(envs: torch.Tensor, chosen: State, other: State) -> State:

@@ -21,7 +21,7 @@ with; :func:`~pipeline.sysid.identify.identify_staged` refits at its estimate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,9 +29,10 @@ import torch
 from pipeline.config import RobotConfig
 from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
-from pipeline.physics.rotations import quat_integrate
+from pipeline.physics.rollout import run_policy
+from pipeline.physics.rotations import quat_integrate, quat_to_matrix
 from pipeline.sysid.data import Recording
-from pipeline.sysid.windows import WindowStarts, run_windows
+from pipeline.sysid.windows import WindowStarts
 
 SCALES = {
     "pos": 1e-3,
@@ -76,9 +77,33 @@ def perturbed(state: State, z: torch.Tensor) -> State:
     )
 
 
+def difference(a: State, b: State) -> torch.Tensor:
+    """``a - b`` (B, :data:`COORDINATES`) in units of :data:`SCALES`, the coordinates of
+    :func:`perturbed` (rotation: the small-angle vector of ``a``'s orientation relative to ``b``'s)."""
+    relative = quat_to_matrix(a.quat) @ quat_to_matrix(b.quat).transpose(-1, -2)
+    rotation = 0.5 * torch.stack(
+        [
+            relative[..., 2, 1] - relative[..., 1, 2],
+            relative[..., 0, 2] - relative[..., 2, 0],
+            relative[..., 1, 0] - relative[..., 0, 1],
+        ],
+        -1,
+    )
+    parts = [
+        (a.pos - b.pos) / SCALES["pos"],
+        rotation / SCALES["rotation"],
+        (a.vel - b.vel) / SCALES["vel"],
+        (a.omega - b.omega) / SCALES["omega"],
+        (a.rest_length - b.rest_length) / SCALES["rest_length"],
+        (a.motor_omega - b.motor_omega) / SCALES["motor_omega"],
+    ]
+    return torch.cat([p.flatten(1) for p in parts], 1)
+
+
 class _Observations:
     """The lead-ins' data on the engine's control ticks: end caps at the tracked frames (padded
-    to the most frames of any window, with a mask) and cable lengths at every tick."""
+    to the most frames of any window, with a mask) and cable lengths at every tick; each lead-in's
+    ``last_tick`` (B,) inside its span."""
 
     def __init__(self, leads: list[LeadIn], tick_s: float) -> None:
         self.ticks = int(np.ceil(max(lead.span_s for lead in leads) / tick_s + 1e-9)) + 1
@@ -87,6 +112,7 @@ class _Observations:
             np.stack([[lead.recording.cables_at(lead.t_s + o) for o in offsets] for lead in leads])
         )
         self.cable_mask = torch.tensor(offsets[None] <= np.array([lead.span_s for lead in leads])[:, None] + 1e-9)
+        self.last_tick = self.cable_mask.sum(1) - 1
         frames = []
         for lead in leads:
             times = lead.recording.caps_t_s
@@ -136,18 +162,25 @@ class StartResiduals:
         """Residuals (N, R) of perturbations ``z`` (N, :data:`COORDINATES`) of windows ``rows``
         (N,), each run with its own environment of ``params`` (N envs); R is the same for every
         window (padding residuals are zero)."""
+        return self.run(z, rows, params)[0]
+
+    def run(self, z: torch.Tensor, rows: torch.Tensor, params: Params) -> tuple[torch.Tensor, State]:
+        """The residuals of :meth:`__call__` and the engine's states (N envs) at the end of each
+        window's lead-in span."""
         observed = self.observed
         state = perturbed(self.starts.state.index(rows), z)
+        ends_s = observed.last_tick[rows].to(state.pos.dtype) * self.tick_s - 1e-9
         with torch.no_grad():
-            trace, _ = run_windows(
+            end, trace = run_policy(
                 self.engine,
-                params,
-                replace(self.starts, state=state),
-                self.targets[rows],
+                params.expand(len(rows)),
+                state,
+                self.targets[rows].to(state.pos.dtype),
                 self.robot.pid,
-                self.timeout_s[rows.numpy()],
-                self.robot.pid.latency_s,
-                max_time_s=(observed.ticks - 1) * self.tick_s + 1e-9,
+                segment_timeout_s=torch.as_tensor(self.timeout_s[rows.numpy()], dtype=state.pos.dtype),
+                final_hold_s=0.0,
+                latency_s=self.robot.pid.latency_s,
+                max_time_s=ends_s,
             )
         caps = trace.caps_m[:, : observed.ticks]
         cables = trace.cables_m[:, : observed.ticks]
@@ -158,7 +191,7 @@ class StartResiduals:
         at_frames = caps[torch.arange(len(rows))[:, None], observed.cap_ticks[rows]]
         cap_res = (at_frames - observed.caps_m[rows]) / self.caps_sigma_m * observed.cap_mask[rows, :, None, None]
         cable_res = (cables - observed.cables_m[rows]) / self.cable_sigma_m * observed.cable_mask[rows, :, None]
-        return torch.cat([cap_res.flatten(1), cable_res.flatten(1)], 1)
+        return torch.cat([cap_res.flatten(1), cable_res.flatten(1)], 1), end
 
 
 def fit_start_states(
