@@ -86,7 +86,7 @@ class Shooting:
 
     def run(self, z: torch.Tensor, rows: np.ndarray, values: np.ndarray) -> tuple[torch.Tensor, State]:
         """Residuals (N, R) and end states of windows ``rows`` (N,) moved by ``z`` (N, 48) with
-        parameter ``values`` (N, 3), in batches of windows of similar length."""
+        parameter ``values`` (N, 3), as one engine batch."""
         params = Params.from_robot(self.residuals.robot, batch=len(rows))
         params = params.replace(**{n: torch.tensor(values[:, j]) for j, n in enumerate(NAMES)})
         return self.residuals.run(z, torch.as_tensor(rows), params)
