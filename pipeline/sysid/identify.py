@@ -44,6 +44,7 @@ from pipeline.sysid.evolution import PROFILE_MOVES, refine
 from pipeline.sysid.losses import KeyFrameLoss, LossValue, TrajectoryLoss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.result import Identification, Step
+from pipeline.sysid.shooting import GaitShooting
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ def identify_staged(
     config: SysidConfig,
     progress: Callable[[Step], None] | None = None,
 ) -> Identification:
-    """Identify ``config.parameters`` from ``start`` (one environment) in up to three stages:
+    """Identify ``config.parameters`` from ``start`` (one environment) in stages:
 
     1. a warm-up that fits ``config.warmup_parameters`` alone by gradient for
        ``config.warmup_iterations`` steps. Timing parameters (motor speed) decide which key
@@ -188,6 +189,11 @@ def identify_staged(
     by the search again (or, without a search, the gradient stages). The first pass uses the
     settled starts: a fit at parameters far from the data's (the nominal motor speed) would bend
     them.
+
+    With the Key Frame Loss and ``config.gait_shooting_iterations``, gait-wise multiple shooting
+    (:class:`~pipeline.sysid.shooting.GaitShooting`) then refines ``config.gait_shooting_parameters``
+    from there, with every fitted gait's start state free; the search's profile widths of those
+    parameters are dropped (they describe the search's answer).
 
     The history holds every stage in order, each step with every parameter's value (those not
     fitted in a stage at their current values, with zero gradient).
@@ -210,6 +216,19 @@ def identify_staged(
             result = refine(loss_fn, _space(searched, current, config), config, progress)
             history += _with_every_value(result.history, current, config.parameters, len(history))
             current, profile = result.params, result.profile
+    shot = _shot(config)
+    if isinstance(loss_fn, KeyFrameLoss) and shot:
+        fit = GaitShooting(loss_fn, _space(shot, current, config), config).solve(progress)
+        log.info(
+            "sysid: gait shooting %s; data cost %.0f for %d residuals; continuity defects %s",
+            fit.identification.values,
+            fit.data_cost,
+            fit.residual_count,
+            fit.defect_rms,
+        )
+        history += _with_every_value(fit.identification.history, current, config.parameters, len(history))
+        current, converged = fit.identification.params, fit.identification.converged
+        profile = {n: width for n, width in profile.items() if n not in shot}
     return Identification(
         values={n: float(getattr(current, n)[0]) for n in config.parameters},
         params=current,
@@ -226,9 +245,17 @@ def planned_steps(config: SysidConfig) -> int:
     searched, stages = _plan(config)
     refits = config.start_refits if config.loss == "kfl" and config.start_fit_iterations else 0
     gradient_steps = sum(c.iterations for _, c in stages)
+    shooting_steps = len(config.gait_shooting_weights) * config.gait_shooting_iterations if _shot(config) else 0
     if searched:
-        return gradient_steps + (1 + refits) * (config.search_generations + PROFILE_MOVES)
-    return (1 + refits) * gradient_steps
+        return gradient_steps + (1 + refits) * (config.search_generations + PROFILE_MOVES) + shooting_steps
+    return (1 + refits) * gradient_steps + shooting_steps
+
+
+def _shot(config: SysidConfig) -> tuple[str, ...]:
+    """The parameters gait shooting refines with ``config`` (none: it is off)."""
+    if config.loss != "kfl" or config.gait_shooting_iterations == 0:
+        return ()
+    return tuple(n for n in config.parameters if n in config.gait_shooting_parameters)
 
 
 def _plan(config: SysidConfig) -> tuple[tuple[str, ...], list[tuple[tuple[str, ...], SysidConfig]]]:

@@ -139,7 +139,7 @@ class KeyFrameLoss:
         """The settled observed starts of the chunks as planned (lead-ins included)."""
         return self.observed.starts
 
-    def _engine_limit_s(self, gait: Gait) -> float:
+    def engine_limit_s(self, gait: Gait) -> float:
         """How long (s) the engine may run ``gait``: ``config.duration_cap`` times the data's
         duration, or, where the data timed out (target not reached), just as long: the firmware
         gave up there, and so does the engine."""
@@ -153,7 +153,7 @@ class KeyFrameLoss:
         self.gaits = [g for chunk in chunks for g in chunk]
         n = max(len(c) for c in chunks)
         self.targets = torch.tensor(np.stack([_padded([g.target for g in c], n) for c in chunks]))
-        caps = [[self._engine_limit_s(g) for g in c] for c in chunks]
+        caps = [[self.engine_limit_s(g) for g in c] for c in chunks]
         self.timeout = np.stack([np.r_[c, np.full(n - len(c), self.tick_s)] for c in caps])
         self.data_durations = np.array([g.duration_s for g in self.gaits])
         self.reached = np.array([g.reached for g in self.gaits])

@@ -14,9 +14,10 @@ from pipeline.sysid.parameters import ParameterSpace
 class Step:
     """One optimiser step: parameter values before it, the losses there, and its gradient.
 
-    ``method`` is ``gradient`` (Adam; ``lr`` its learning rate) or ``search`` (a CMA-ES
+    ``method`` is ``gradient`` (Adam; ``lr`` its learning rate), ``search`` (a CMA-ES
     generation; ``values`` its mean, ``loss`` the robust loss there, ``lr`` its step size,
-    ``gradient`` zero)."""
+    ``gradient`` zero) or ``shooting`` (a Levenberg-Marquardt step of gait-wise multiple shooting;
+    ``lr`` its damping, see :meth:`~pipeline.sysid.shooting.GaitShooting.solve`)."""
 
     iteration: int
     values: dict[str, float]

@@ -1,0 +1,386 @@
+"""Gait-wise multiple shooting (Bock): the parameters refined with every gait's start state free.
+
+The Key Frame Loss and its search compare each gait from a start state that is only estimated
+(settled on the tracked pose, or fitted once at an earlier estimate), and those start errors
+flatten the loss in friction and restitution (``benchmarks.sysid_starts``). Here every fitted
+gait of the Key Frame Loss is one window, started from its settled observation
+(:func:`~pipeline.sysid.windows.window_starts`) moved by its own perturbation ``z_k`` (the 48
+coordinates of :func:`~pipeline.sysid.start_fit.perturbed`) and run over the data's duration of
+the gait with the gait's target (then the next gait's, if the engine is faster). The unknowns
+are all the ``z_k`` and the parameters of a :class:`~pipeline.sysid.parameters.ParameterSpace`;
+the residuals are:
+
+* each window's tracked end caps and sensed cable lengths in their noise
+  (:class:`~pipeline.sysid.start_fit.StartResiduals`, ``config.start_fit_caps_sigma_m`` and
+  ``config.start_fit_cable_sigma_m``);
+* the continuity defects between a window's end state and the start of the window of the next
+  gait of the same recording, in the same 48 coordinates
+  (:func:`~pipeline.sysid.start_fit.difference`), times a weight ``w``;
+* a weak prior (:data:`~pipeline.sysid.start_fit.PRIOR_WEIGHT`) on each ``z_k``, and the
+  configured priors of the parameters, ``(p - value) / scale``.
+
+Levenberg-Marquardt with Marquardt's diagonal scaling and forward-difference Jacobians (every
+window, every coordinate and parameter one environment of an engine batch; the engine's own
+gradient through ground contact is too rough for this) solves the sparse block-tridiagonal
+normal equations for all unknowns at once. The weight grows through
+``config.gait_shooting_weights`` (short windows first, then joined), with
+``config.gait_shooting_iterations`` steps each. A window spans one gait, so no rollout crosses
+many contact events, and continuity carries the information from gait to gait.
+
+Measured on 60 s of engine data with tracking noise (random seed 2; motor speed 0.7, friction
+0.5, restitution 0.3): the stage's search ends at 0.7047 / 0.6375 / 0.3026 (friction +27.5 %);
+from there the default weights with 30 steps each give motor speed 0.7011 and friction 0.5029
+(+0.6 %; ``test_recovery_from_a_noisy_random_policy_on_engine_data``). The weight 0.3 alone
+(``benchmarks.sysid_shooting``) takes 32 steps to stop, at 0.7017 / 0.5191: friction moves
+about 1 % of its value per step through the rough residuals, so 15 steps per weight ended at
+0.5523. Restitution refined as well drifted away from the truth (+2.8 % to +7.1 % from the
+search's answer of an earlier run), so the default refines motor speed and friction only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse
+import scipy.sparse.linalg
+import torch
+
+from pipeline.config import SysidConfig
+from pipeline.physics.engine import State
+from pipeline.physics.params import Params
+from pipeline.sysid.losses import KeyFrameLoss
+from pipeline.sysid.parameters import ParameterSpace
+from pipeline.sysid.result import Identification, Step
+from pipeline.sysid.start_fit import (
+    COORDINATES,
+    DIFFERENCE_STEP,
+    PRIOR_WEIGHT,
+    LeadIn,
+    StartResiduals,
+    difference,
+    perturbed,
+)
+from pipeline.sysid.windows import window_starts
+
+PARAMETER_STEP = 0.005
+"""Forward-difference step of a parameter, in its scaled coordinate (backward at the upper bound)."""
+GAITS_PER_BATCH = 24
+"""Windows whose finite differences run as one engine batch (bounds the memory)."""
+INITIAL_DAMPING = 1e-2
+"""Levenberg-Marquardt damping of each weight's first step (relative to the normal matrix's diagonal)."""
+MAX_DAMPING = 1e4
+"""A step whose damping grew past this without lowering the cost ends the weight's steps (the
+engine's residuals are rough at the scale of the steps left)."""
+EXPANSIONS = 2
+"""An accepted step is tried at twice and four times its length, and kept the longest that lowers
+the cost more: the parameters move in small, consistent steps through the rough residuals."""
+DAMPING_GROWTH = 4.0
+"""Damping factor after a step that did not lower the cost (divided by 3 after one that did)."""
+PARTS = {
+    "pos": (0, 9),
+    "rotation": (9, 18),
+    "vel": (18, 27),
+    "omega": (27, 36),
+    "rest_length": (36, 42),
+    "motor_omega": (42, 48),
+}
+"""The continuity coordinates of each part of a state (their scales: ``start_fit.SCALES``)."""
+
+
+@dataclass(frozen=True)
+class ShootingFit:
+    """What :meth:`GaitShooting.solve` found: the ``identification``, the data's cost (the sum of
+    squared noise-weighted residuals; about ``residual_count`` at the truth) and the root mean
+    square of the remaining continuity defects per part of a state (in the coordinates' scales)."""
+
+    identification: Identification
+    data_cost: float
+    residual_count: int
+    defect_rms: dict[str, float]
+
+
+class GaitShooting:
+    """The multiple-shooting problem of the fitted gaits of ``loss`` (its observed, unfitted
+    chunks' gaits: lead-ins included) over ``space``'s parameters, settled at ``space``'s start.
+
+    ``joined`` (K-1,): whether window ``k + 1`` is the gait after window ``k`` in the same
+    recording (windows are in recording and gait order); only those pairs have continuity."""
+
+    def __init__(self, loss: KeyFrameLoss, space: ParameterSpace, config: SysidConfig) -> None:
+        gaits = sorted(loss.observed.gaits, key=lambda g: (g.recording, g.index))
+        self.space, self.config, self.gaits = space, config, gaits
+        self.joined = np.array(
+            [b.recording == a.recording and b.index == a.index + 1 for a, b in itertools.pairwise(gaits)],
+            dtype=bool,
+        )
+        nexts = [b if joined else None for b, joined in zip(gaits[1:], self.joined, strict=True)] + [None]
+        recordings = loss.recordings
+        starts = window_starts(
+            loss.engine,
+            space.params(space.initial()),
+            loss.robot,
+            [(recordings[g.recording], g.start_s) for g in gaits],
+            config.settle_s,
+        )
+        targets = np.stack([np.stack([g.target, (n or g).target]) for g, n in zip(gaits, nexts, strict=True)])
+        limits = np.array(
+            [
+                [loss.engine_limit_s(g), loss.engine_limit_s(n) if n else loss.tick_s]
+                for g, n in zip(gaits, nexts, strict=True)
+            ]
+        )
+        self.residuals = StartResiduals(
+            loss.engine,
+            loss.robot,
+            starts,
+            [LeadIn(recordings[g.recording], g.start_s, g.duration_s) for g in gaits],
+            torch.tensor(targets),
+            limits,
+            config.start_fit_caps_sigma_m,
+            config.start_fit_cable_sigma_m,
+        )
+        self.windows = len(gaits)
+        self.order = np.argsort(self.residuals.observed.last_tick.numpy(), kind="stable")
+
+    @property
+    def size(self) -> int:
+        """Number of parameters."""
+        return len(self.space.names)
+
+    def project(self, theta: np.ndarray) -> np.ndarray:
+        """``theta`` (P,) clamped into the space's bounds."""
+        return self.space.project(torch.as_tensor(theta, dtype=torch.float64).clone()).numpy()
+
+    def _params(self, thetas: np.ndarray) -> Params:
+        """One environment per row of ``thetas`` (N, P)."""
+        return Params.concat([self.space.params(torch.as_tensor(t, dtype=torch.float64)) for t in thetas])
+
+    def prior(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The parameters' prior residuals (Q,) and their Jacobian (Q, P) at ``theta``."""
+        priors = {n: p for n, p in self.space.priors.items() if n in self.space.names}
+
+        def residuals(t: np.ndarray) -> np.ndarray:
+            values = self.space.values(torch.as_tensor(t, dtype=torch.float64))
+            return np.array([(float(values[n]) - p.value) / p.scale for n, p in priors.items()])
+
+        base = residuals(theta)
+        jacobian = np.zeros((len(priors), self.size))
+        for j in range(self.size):
+            moved = theta.copy()
+            moved[j] += PARAMETER_STEP
+            jacobian[:, j] = (residuals(moved) - base) / PARAMETER_STEP
+        return base, jacobian
+
+    def evaluate(self, z: torch.Tensor, theta: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every window's data residuals (K, R) and the continuity defects (K-1, 48) of start
+        perturbations ``z`` (K, 48) and parameters ``theta`` (P,); unjoined pairs' defects are zero."""
+        params = self._params(theta[None])
+        data = torch.zeros(self.windows, 0, dtype=torch.float64)
+        ends: list[State | None] = [None] * self.windows
+        size = GAITS_PER_BATCH * (1 + COORDINATES + self.size)
+        for first in range(0, self.windows, size):
+            rows = self.order[first : first + size]
+            res, end = self.residuals.run(z[rows], torch.as_tensor(rows), params.expand(len(rows)))
+            if data.shape[1] == 0:
+                data = torch.zeros(self.windows, res.shape[1], dtype=torch.float64)
+            data[rows] = res
+            for j, row in enumerate(rows):
+                ends[row] = end.index(slice(j, j + 1))
+        return data, self._defects(State.concat(ends), z)
+
+    def _defects(self, ends: State, z: torch.Tensor) -> torch.Tensor:
+        """Continuity defects (K-1, 48): window k's end state minus window k+1's start, zero where
+        the pair is not joined."""
+        if self.windows < 2:
+            return torch.zeros(0, COORDINATES, dtype=torch.float64)
+        starts = perturbed(self.residuals.starts.state, z)
+        gaps = difference(ends.index(slice(0, self.windows - 1)), starts.index(slice(1, self.windows)))
+        return gaps * torch.as_tensor(self.joined, dtype=gaps.dtype)[:, None]
+
+    def jacobians(self, z: torch.Tensor, theta: np.ndarray) -> dict[str, torch.Tensor]:
+        """Forward-difference Jacobians: data (K, R, 48) and (K, R, P); continuity defect k in
+        window k's start (K-1, 48, 48), window k+1's start (K-1, 48, 48) and the parameters
+        (K-1, 48, P) (zero for unjoined pairs); and the residuals and defects where they are taken."""
+        per = 1 + COORDINATES + self.size
+        steps = DIFFERENCE_STEP * torch.eye(COORDINATES, dtype=torch.float64)
+        thetas = np.repeat(theta[None], per, 0)
+        upper = self.space.upper.numpy()
+        signed = np.where(theta + PARAMETER_STEP > upper, -PARAMETER_STEP, PARAMETER_STEP)
+        for j in range(self.size):
+            thetas[1 + COORDINATES + j, j] += signed[j]
+        params = self._params(thetas)
+        by_start: list[torch.Tensor | None] = [None] * self.windows
+        by_params: list[torch.Tensor | None] = [None] * self.windows
+        base: list[torch.Tensor | None] = [None] * self.windows
+        ends: list[State | None] = [None] * self.windows
+        parameter_steps = torch.as_tensor(signed)[:, None]
+        for first in range(0, self.windows, GAITS_PER_BATCH):
+            rows = self.order[first : first + GAITS_PER_BATCH]
+            moved = z[np.repeat(rows, per)].clone().reshape(len(rows), per, COORDINATES)
+            moved[:, 1 : 1 + COORDINATES] += steps
+            index = torch.arange(per).repeat(len(rows))
+            res, end = self.residuals.run(
+                moved.reshape(-1, COORDINATES),
+                torch.as_tensor(np.repeat(rows, per)),
+                Params(**{n: v[index] for n, v in params.as_dict().items()}),
+            )
+            res = res.reshape(len(rows), per, -1)
+            for j, row in enumerate(rows):
+                base[row] = res[j, 0]
+                by_start[row] = ((res[j, 1 : 1 + COORDINATES] - res[j, :1]) / DIFFERENCE_STEP).T
+                by_params[row] = ((res[j, 1 + COORDINATES :] - res[j, :1]) / parameter_steps).T
+                ends[row] = end.index(slice(j * per, (j + 1) * per))
+        starts = perturbed(self.residuals.starts.state, z)
+        zero = torch.zeros(COORDINATES, COORDINATES, dtype=torch.float64)
+        defects, cont_start, cont_next, cont_params = [], [], [], []
+        for k in range(self.windows - 1):
+            if not self.joined[k]:
+                defects.append(torch.zeros(COORDINATES, dtype=torch.float64))
+                cont_start += [zero]
+                cont_next += [zero]
+                cont_params.append(torch.zeros(COORDINATES, self.size, dtype=torch.float64))
+                continue
+            following = starts.index(torch.full((per,), k + 1))
+            gaps = difference(ends[k], following)
+            defects.append(gaps[0])
+            cont_start.append(((gaps[1 : 1 + COORDINATES] - gaps[:1]) / DIFFERENCE_STEP).T)
+            cont_params.append(((gaps[1 + COORDINATES :] - gaps[:1]) / parameter_steps).T)
+            shifted = perturbed(self.residuals.starts.state.index(torch.full((COORDINATES,), k + 1)), z[k + 1] + steps)
+            at_end = ends[k].index(torch.zeros(COORDINATES, dtype=torch.long))
+            cont_next.append(((difference(at_end, shifted) - gaps[:1]) / DIFFERENCE_STEP).T)
+        empty = torch.zeros(0, COORDINATES, COORDINATES, dtype=torch.float64)
+        return {
+            "data": torch.stack(base),
+            "data_start": torch.stack(by_start),
+            "data_params": torch.stack(by_params),
+            "defects": torch.stack(defects) if defects else torch.zeros(0, COORDINATES, dtype=torch.float64),
+            "cont_start": torch.stack(cont_start) if cont_start else empty,
+            "cont_next": torch.stack(cont_next) if cont_next else empty,
+            "cont_params": torch.stack(cont_params) if cont_params else torch.zeros(0, COORDINATES, self.size),
+        }
+
+    def cost(
+        self, data: torch.Tensor, defects: torch.Tensor, z: torch.Tensor, theta: np.ndarray, weight: float
+    ) -> float:
+        """Data, weighted continuity, start-prior and parameter-prior squares, summed."""
+        prior, _ = self.prior(theta)
+        return float(
+            (data**2).sum() + ((weight * defects) ** 2).sum() + ((PRIOR_WEIGHT * z) ** 2).sum() + (prior**2).sum()
+        )
+
+    def step(
+        self, j: dict[str, torch.Tensor], z: torch.Tensor, theta: np.ndarray, weight: float, damping: float
+    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """The Levenberg-Marquardt step of the normal equations (starts (K, 48), parameters (P,))
+        and the cost's half-gradient in the parameters (P,)."""
+        n, last = COORDINATES, self.windows * COORDINATES
+        size = last + self.size
+        prior, prior_jacobian = self.prior(theta)
+        blocks: list[tuple[int, int, np.ndarray]] = [(last, last, prior_jacobian.T @ prior_jacobian)]
+        gradient = np.zeros(size)
+        gradient[last:] += prior_jacobian.T @ prior
+        for k in range(self.windows):
+            jz, jp, r = j["data_start"][k].numpy(), j["data_params"][k].numpy(), j["data"][k].numpy()
+            blocks += [(k * n, k * n, jz.T @ jz + PRIOR_WEIGHT**2 * np.eye(n)), (k * n, last, jz.T @ jp)]
+            blocks += [(last, k * n, jp.T @ jz), (last, last, jp.T @ jp)]
+            gradient[k * n : (k + 1) * n] += jz.T @ r + PRIOR_WEIGHT**2 * z[k].numpy()
+            gradient[last:] += jp.T @ r
+        for k in np.flatnonzero(self.joined):
+            a, b = weight * j["cont_start"][k].numpy(), weight * j["cont_next"][k].numpy()
+            p, r = weight * j["cont_params"][k].numpy(), weight * j["defects"][k].numpy()
+            here, there = k * n, (k + 1) * n
+            blocks += [(here, here, a.T @ a), (there, there, b.T @ b), (here, there, a.T @ b), (there, here, b.T @ a)]
+            blocks += [(here, last, a.T @ p), (last, here, p.T @ a), (there, last, b.T @ p), (last, there, p.T @ b)]
+            blocks.append((last, last, p.T @ p))
+            gradient[here : here + n] += a.T @ r
+            gradient[there : there + n] += b.T @ r
+            gradient[last:] += p.T @ r
+        rows, cols, values = [], [], []
+        for i, k, block in blocks:
+            ii, kk = np.meshgrid(np.arange(block.shape[0]) + i, np.arange(block.shape[1]) + k, indexing="ij")
+            rows.append(ii.ravel())
+            cols.append(kk.ravel())
+            values.append(block.ravel())
+        normal = scipy.sparse.coo_matrix(
+            (np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), (size, size)
+        ).tocsc()
+        scaled = normal + damping * scipy.sparse.diags(normal.diagonal() + 1e-6)
+        delta = scipy.sparse.linalg.spsolve(scaled.tocsc(), -gradient)
+        return torch.tensor(delta[:last].reshape(self.windows, n)), delta[last:], gradient[last:]
+
+    def solve(self, progress: Callable[[Step], None] | None = None) -> ShootingFit:
+        """Solve from the settled starts and the space's start. One history step (``method``
+        ``shooting``) per Levenberg-Marquardt iteration, at the point where its Jacobian is taken:
+        ``loss`` the whole cost and ``unfiltered_loss`` the data's, both per data residual (about
+        1 at the truth), ``prior`` the parameters' prior squares, ``gradient`` the cost's
+        half-gradient in the scaled parameters, ``lr`` the first damping tried. A weight's steps
+        end early when no damping up to :data:`MAX_DAMPING` lowers the cost; ``converged``: the
+        last weight's did (a stationary point of its cost, as far as the rough residuals tell)."""
+        began = time.perf_counter()
+        count = max(self.residuals.count, 1)
+        z = torch.zeros(self.windows, COORDINATES, dtype=torch.float64)
+        theta = self.space.initial().numpy()
+        data, defects = self.evaluate(z, theta)
+        history: list[Step] = []
+        moved = False
+        for weight in self.config.gait_shooting_weights:
+            current = self.cost(data, defects, z, theta, weight)
+            damping = INITIAL_DAMPING
+            for _ in range(self.config.gait_shooting_iterations):
+                jacobians = self.jacobians(z, theta)
+                dz, dtheta, gradient = self.step(jacobians, z, theta, weight, damping)
+                prior, _ = self.prior(theta)
+                step = Step(
+                    iteration=len(history),
+                    values={n: float(v) for n, v in self.space.values(torch.as_tensor(theta)).items()},
+                    loss=current / count,
+                    unfiltered_loss=float((data**2).sum()) / count,
+                    prior=float((prior**2).sum()),
+                    kept_fraction=1.0,
+                    gradient=dict(zip(self.space.names, gradient.tolist(), strict=True)),
+                    lr=damping,
+                    wall_s=time.perf_counter() - began,
+                    method="shooting",
+                )
+                history.append(step)
+                if progress is not None:
+                    progress(step)
+                moved = False
+                while damping <= MAX_DAMPING:
+                    better = self._along(z, theta, dz, dtheta, weight, current)
+                    if better is not None:
+                        current, z, theta, data, defects = better
+                        damping, moved = damping / 3, True
+                        break
+                    damping *= DAMPING_GROWTH
+                    dz, dtheta, _ = self.step(jacobians, z, theta, weight, damping)
+                if not moved:
+                    break
+        joined = defects[torch.as_tensor(self.joined)]
+        identification = Identification.at(
+            self.space, torch.as_tensor(theta), history=history, converged=not moved, wall_s=time.perf_counter() - began
+        )
+        rms = {}
+        for part, (a, b) in PARTS.items():
+            rms[part] = float(joined[:, a:b].pow(2).mean().sqrt()) if len(joined) else 0.0
+        return ShootingFit(identification, float((data**2).sum()), self.residuals.count, rms)
+
+    def _along(
+        self, z: torch.Tensor, theta: np.ndarray, dz: torch.Tensor, dtheta: np.ndarray, weight: float, current: float
+    ) -> tuple[float, torch.Tensor, np.ndarray, torch.Tensor, torch.Tensor] | None:
+        """The step (``dz``, ``dtheta``) from (``z``, ``theta``) if it lowers the cost below
+        ``current``, lengthened by doubling while that lowers it further (at most
+        :data:`EXPANSIONS` times): (cost, z, theta, data residuals, defects), or None."""
+        best = None
+        for length in 2.0 ** np.arange(EXPANSIONS + 1):
+            moved_theta = self.project(theta + length * dtheta)
+            data, defects = self.evaluate(z + length * dz, moved_theta)
+            cost = self.cost(data, defects, z + length * dz, moved_theta, weight)
+            if cost >= (current if best is None else best[0]):
+                break
+            best = (cost, z + length * dz, moved_theta, data, defects)
+        return best

@@ -1,0 +1,94 @@
+"""Gait-wise multiple shooting: windows, continuity within a recording, and the refinement."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import SysidConfig
+from pipeline.physics import Engine, Params, RobotModel
+from pipeline.policies import random_policy
+from pipeline.sysid.data import split_gaits
+from pipeline.sysid.identify import identify_staged
+from pipeline.sysid.losses import KeyFrameLoss
+from pipeline.sysid.parameters import ParameterSpace
+from pipeline.sysid.shooting import GaitShooting
+from pipeline.sysid.start_fit import COORDINATES
+from pipeline.sysid.synthetic import engine_recording
+
+DT = 0.005
+TRUE_FRICTION = 0.5
+
+
+@pytest.fixture(scope="module")
+def two_recordings(default_configs):
+    """Two short noise-free engine recordings with friction 0.5 (the robot config's other values)."""
+    robot = default_configs.robot
+    engine = Engine(RobotModel.from_robot(robot), dt=DT)
+    truth = Params.from_robot(robot, friction=TRUE_FRICTION)
+    recordings = {
+        name: engine_recording(engine, truth, robot, random_policy(robot, 4, seed=seed).targets, name=name)
+        for name, seed in (("a", 5), ("b", 6))
+    }
+    gaits = [g for r in recordings.values() for g in split_gaits(r, robot, 8.0)]
+    return engine, recordings, gaits
+
+
+def _problem(default_configs, two_recordings, friction: float, **config: object) -> tuple[GaitShooting, KeyFrameLoss]:
+    engine, recordings, gaits = two_recordings
+    robot = default_configs.robot
+    sysid = SysidConfig(parameters=("friction",), dt_s=DT, gait_shooting_weights=(1.0,), **config)
+    start = Params.from_robot(robot, friction=friction)
+    loss = KeyFrameLoss(engine, robot, recordings, list(reversed(gaits)), start, sysid)
+    return GaitShooting(loss, ParameterSpace(("friction",), start), sysid), loss
+
+
+def test_windows_are_joined_only_within_a_recording(default_configs, two_recordings) -> None:
+    problem, _ = _problem(default_configs, two_recordings, TRUE_FRICTION, gait_shooting_iterations=1)
+    counts = {name: sum(g.recording == name for g in problem.gaits) for name in ("a", "b")}
+    assert [(g.recording, g.index) for g in problem.gaits] == sorted((g.recording, g.index) for g in problem.gaits)
+    expected = [True] * (counts["a"] - 1) + [False] + [True] * (counts["b"] - 1)
+    np.testing.assert_array_equal(problem.joined, expected)
+    z = torch.zeros(problem.windows, COORDINATES, dtype=torch.float64)
+    data, defects = problem.evaluate(z, np.zeros(1))
+    assert data.shape[0] == problem.windows and defects.shape == (problem.windows - 1, COORDINATES)
+    assert float(defects[counts["a"] - 1].abs().max()) == 0.0  # the last gait of a is not continued by b's first
+    assert float(defects[torch.as_tensor(problem.joined)].abs().amax(1).min()) > 0
+    # at the truth the data residuals are the settled starts' errors only: far below a wrong friction's
+    wrong, _ = _problem(default_configs, two_recordings, 0.8, gait_shooting_iterations=1)
+    assert float((data**2).sum()) < float((wrong.evaluate(z, np.zeros(1))[0] ** 2).sum())
+
+
+def test_shooting_moves_friction_toward_the_truth_and_lowers_its_cost(default_configs, two_recordings) -> None:
+    problem, _ = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=3)
+    fit = problem.solve()
+    history = fit.identification.history
+    assert 1 <= len(history) <= 3 and {s.method for s in history} == {"shooting"}
+    assert history[0].values["friction"] == pytest.approx(0.6)
+    losses = [s.loss for s in history]
+    assert losses == sorted(losses, reverse=True)  # a step is taken only when it lowers the cost
+    assert fit.data_cost / fit.residual_count < history[0].unfiltered_loss
+    assert abs(fit.identification.values["friction"] - TRUE_FRICTION) < 0.5 * abs(0.6 - TRUE_FRICTION)
+
+
+def test_staged_identification_ends_with_shooting_when_asked(default_configs, two_recordings) -> None:
+    _, loss = _problem(default_configs, two_recordings, 0.6)
+    config = SysidConfig(
+        parameters=("friction",),
+        dt_s=DT,
+        iterations=1,
+        min_iterations=1,
+        warmup_iterations=0,
+        search_generations=0,
+        start_refits=0,
+        gait_shooting_iterations=1,
+        gait_shooting_weights=(1.0,),
+    )
+    start = Params.from_robot(default_configs.robot, friction=0.6)
+    result = identify_staged(loss, start, config)
+    assert [s.method for s in result.history] == ["gradient", "shooting"]
+    gradient_only = identify_staged(loss, start, config.model_copy(update={"gait_shooting_iterations": 0}))
+    assert [s.method for s in gradient_only.history] == ["gradient"]
+    assert result.history[1].values["friction"] == pytest.approx(gradient_only.values["friction"])  # it goes on
+    assert result.values["friction"] == float(result.params.friction[0]) != gradient_only.values["friction"]
