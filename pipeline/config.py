@@ -367,7 +367,8 @@ class SysidConfig(StrictModel):
         default=0,
         description="KFL: Levenberg-Marquardt steps per continuity weight of gait-wise multiple shooting after "
         "the search (every fitted gait one window with its start state free; pipeline.sysid.shooting). "
-        "0: off. About 13 s per step on 60 s of data on 2 cores; 30 recovered friction within 1 % on engine data.",
+        "0: off. About 13 s per step on 60 s of data on 2 cores; 30 recovered friction within 1 % on engine "
+        "data, and on the twin lowered friction 30 % below its value (README).",
     )
     gait_shooting_weights: tuple[Positive, ...] = Field(
         default=(0.3, 3.0, 10.0),
