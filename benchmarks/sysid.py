@@ -17,12 +17,15 @@ the robust KFL, with profile widths; ``configs/pipeline/default.yaml``):
   (the attach stage's estimate is ``benchmarks.tracking``'s), so the figures are of sysid alone.
 
 Anchor, same twin data: MuJoCo's own ``mujoco.sysid`` (``benchmarks.sysid_mujoco``).
-Prints one JSON object (last line). ``--quick``: short trajectories, few steps.
+Prints one JSON object (last line). ``--quick``: short trajectories, few steps;
+``--gait-shooting STEPS``: gait-wise multiple shooting after the search
+(``pipeline.sysid.shooting``; off in the default config).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import os
@@ -94,6 +97,7 @@ def run(
         "gaits_held_out": len(held),
         "wall_s": wall_s,
         "steps": result.iterations,
+        "steps_by_method": dict(collections.Counter(step.method for step in result.history)),
         "converged": result.converged,
         "identified": result.values,
         "latency_s": robot.pid.latency_s,
@@ -119,6 +123,9 @@ def main() -> None:
     parser.add_argument("--config", default="configs/pipeline/default.yaml")
     parser.add_argument("--targets", type=int, default=100, help="random targets per trajectory (~0.5 s each)")
     parser.add_argument("--no-anchor", action="store_true", help="skip the mujoco.sysid anchor")
+    parser.add_argument(
+        "--gait-shooting", type=int, metavar="STEPS", help="sysid.gait_shooting_iterations (default: the config's)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(2)
@@ -126,6 +133,8 @@ def main() -> None:
     robot = configs.robot
     n_targets = 6 if args.quick else args.targets
     config = configs.pipeline.sysid
+    if args.gait_shooting is not None:
+        config = config.model_copy(update={"gait_shooting_iterations": args.gait_shooting})
     if args.quick:
         config = config.model_copy(
             update={
