@@ -69,7 +69,7 @@ def main() -> None:
     began = time.perf_counter()
     start = Params.from_robot(robot, **(dict(zip(NAMES, args.start, strict=True)) if args.start else {}))
     loss = KeyFrameLoss(engine, robot, {data.name: data}, split_gaits(data, robot, TIMEOUT_S), start, config)
-    space = ParameterSpace(names, start, dict(config.scales), dict(config.priors))
+    space = ParameterSpace.configured(names, start, config)
 
     def show(step: Step) -> None:
         line = {"iteration": step.iteration, "cost": step.loss, "data_cost": step.unfiltered_loss, "damping": step.lr}

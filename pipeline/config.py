@@ -377,8 +377,8 @@ class SysidConfig(StrictModel):
     )
     gait_shooting_parameters: tuple[EngineParameter, ...] = Field(
         default=("motor_speed", "friction"),
-        description="Refined by gait shooting (those also in `parameters`); restitution drifts away from the "
-        "truth there on engine data, so it is left to the search.",
+        description="Refined by gait shooting (those also in `parameters`); on engine data shooting moved "
+        "restitution toward the truth on one seed and away from it on another, so it is left to the search.",
     )
     data_window: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="Identify from the trajectories of the last this many iterations (null: all so far)."

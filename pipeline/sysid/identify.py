@@ -209,16 +209,16 @@ def identify_staged(
         if fit_round > 0:
             loss_fn = loss_fn.with_fitted_starts(current)
         for names, stage_config in stages if fit_round == 0 or not searched else []:
-            result = identify(loss_fn, _space(names, current, config), stage_config, progress)
+            result = identify(loss_fn, ParameterSpace.configured(names, current, config), stage_config, progress)
             history += _with_every_value(result.history, current, config.parameters, len(history))
             current, converged = result.params, result.converged
         if searched:
-            result = refine(loss_fn, _space(searched, current, config), config, progress)
+            result = refine(loss_fn, ParameterSpace.configured(searched, current, config), config, progress)
             history += _with_every_value(result.history, current, config.parameters, len(history))
             current, profile = result.params, result.profile
     shot = _shot(config)
     if isinstance(loss_fn, KeyFrameLoss) and shot:
-        fit = GaitShooting(loss_fn, _space(shot, current, config), config).solve(progress)
+        fit = GaitShooting(loss_fn, ParameterSpace.configured(shot, current, config), config).solve(progress)
         log.info(
             "sysid: gait shooting %s; data cost %.0f for %d residuals; continuity defects %s",
             fit.identification.values,
@@ -269,10 +269,6 @@ def _plan(config: SysidConfig) -> tuple[tuple[str, ...], list[tuple[tuple[str, .
     if by_gradient:
         stages.append((by_gradient, config))
     return searched, stages
-
-
-def _space(names: tuple[str, ...], start: Params, config: SysidConfig) -> ParameterSpace:
-    return ParameterSpace(names, start, dict(config.scales), dict(config.priors))
 
 
 def _with_every_value(steps: list[Step], current: Params, names: tuple[str, ...], offset: int) -> list[Step]:

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from pipeline.config import PriorConfig
+from pipeline.config import PriorConfig, SysidConfig
 from pipeline.errors import ConfigError
 from pipeline.physics.params import BOUNDS, Params
 
@@ -64,6 +64,11 @@ class ParameterSpace:
                 raise ConfigError(f"sysid: '{n}' is optimised on a log scale and must start > 0, got {self.p0[n]}")
         self._low = torch.tensor([self.theta_of(n, self._inner(n)[0]) for n in names], dtype=torch.float64)
         self._high = torch.tensor([self.theta_of(n, self._inner(n)[1]) for n in names], dtype=torch.float64)
+
+    @classmethod
+    def configured(cls, names: tuple[str, ...], start: Params, config: SysidConfig) -> ParameterSpace:
+        """The space of ``names`` around ``start`` with ``config``'s scales and priors."""
+        return cls(names, start, dict(config.scales), dict(config.priors))
 
     def _inner(self, name: str) -> tuple[float, float]:
         lo, hi = BOUNDS[name]
