@@ -14,7 +14,7 @@ from pipeline.sysid.identify import identify_staged
 from pipeline.sysid.losses import KeyFrameLoss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.shooting import GaitShooting
-from pipeline.sysid.start_fit import COORDINATES
+from pipeline.sysid.start_fit import COORDINATES, PRIOR_WEIGHT
 from pipeline.sysid.synthetic import engine_recording
 
 DT = 0.005
@@ -92,3 +92,40 @@ def test_staged_identification_ends_with_shooting_when_asked(default_configs, tw
     assert [s.method for s in gradient_only.history] == ["gradient"]
     assert result.history[1].values["friction"] == pytest.approx(gradient_only.values["friction"])  # it goes on
     assert result.values["friction"] == float(result.params.friction[0]) != gradient_only.values["friction"]
+
+
+def test_normal_equations_are_the_stacked_jacobians(default_configs, two_recordings) -> None:
+    """The sparse normal matrix and gradient equal J^T J and J^T r of the whole residual vector
+    (data, start priors, weighted continuity, parameter priors) stacked densely."""
+    weight = 3.0
+    problem, _ = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=1)
+    k_windows, n, size = problem.windows, COORDINATES, problem.size
+    rng = np.random.default_rng(0)
+    z = torch.tensor(rng.normal(0.0, 0.5, (k_windows, n)))
+    theta = np.zeros(size)
+    j = problem.jacobians(z, theta)
+    columns = k_windows * n + size
+    rows, residuals = [], []
+    for k in range(k_windows):
+        block = np.zeros((j["data"].shape[1], columns))
+        block[:, k * n : (k + 1) * n] = j["data_start"][k].numpy()
+        block[:, k_windows * n :] = j["data_params"][k].numpy()
+        rows.append(block)
+        residuals.append(j["data"][k].numpy())
+        prior = np.zeros((n, columns))
+        prior[:, k * n : (k + 1) * n] = PRIOR_WEIGHT * np.eye(n)
+        rows.append(prior)
+        residuals.append(PRIOR_WEIGHT * z[k].numpy())
+    for k in np.flatnonzero(problem.joined):
+        block = np.zeros((n, columns))
+        block[:, k * n : (k + 1) * n] = weight * j["cont_start"][k].numpy()
+        block[:, (k + 1) * n : (k + 2) * n] = weight * j["cont_next"][k].numpy()
+        block[:, k_windows * n :] = weight * j["cont_params"][k].numpy()
+        rows.append(block)
+        residuals.append(weight * j["defects"][k].numpy())
+    dense, r = np.concatenate(rows), np.concatenate(residuals)
+    normal = problem.normal(j, theta, weight).toarray()
+    np.testing.assert_allclose(normal, dense.T @ dense, rtol=1e-9, atol=1e-9 * np.abs(normal).max())
+    gradient = problem.gradient(j, z, theta, weight)
+    np.testing.assert_allclose(gradient, dense.T @ r, rtol=1e-9, atol=1e-9 * np.abs(gradient).max())
+    assert np.abs(j["defects"].numpy()).max() > 0 and np.abs(j["data_params"].numpy()).max() > 0

@@ -34,7 +34,11 @@ from there the default weights with 30 steps each give motor speed 0.7011 and fr
 (``benchmarks.sysid_shooting``) takes 32 steps to stop, at 0.7017 / 0.5191: friction moves
 about 1 % of its value per step through the rough residuals, so 15 steps per weight ended at
 0.5523. Refined as well at weight 0.3, restitution moved from +0.9 % to +3.8 % on seed 2 and
-from -7.8 % to -3.5 % on seed 3, so the default refines motor speed and friction only.
+from -7.8 % to -3.5 % on seed 3, so the default refines motor speed and friction only. The path
+matters, not only the Jacobians' cost (14.6 s of a step's 17 s there): chord steps (the Jacobian
+kept for up to four more steps, each re-evaluating the residuals only) moved friction faster at
+first (0.565 after 4 steps, 106 s) but stopped at 0.558 (18 steps, 429 s): the starts settled
+around parameters that had moved ahead of them.
 """
 
 from __future__ import annotations
@@ -272,45 +276,61 @@ class GaitShooting:
             (data**2).sum() + ((weight * defects) ** 2).sum() + ((PRIOR_WEIGHT * z) ** 2).sum() + (prior**2).sum()
         )
 
-    def step(
-        self, j: dict[str, torch.Tensor], z: torch.Tensor, theta: np.ndarray, weight: float, damping: float
-    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """The Levenberg-Marquardt step of the normal equations (starts (K, 48), parameters (P,))
-        and the cost's half-gradient in the parameters (P,)."""
+    def normal(self, j: dict[str, torch.Tensor], theta: np.ndarray, weight: float) -> scipy.sparse.csc_matrix:
+        """The Gauss-Newton normal matrix (K * 48 + P, K * 48 + P) of the Jacobians ``j`` taken at
+        parameters ``theta``, continuity weighted by ``weight``, start and parameter priors included."""
         n, last = COORDINATES, self.windows * COORDINATES
-        size = last + self.size
-        prior, prior_jacobian = self.prior(theta)
+        _, prior_jacobian = self.prior(theta)
         blocks: list[tuple[int, int, np.ndarray]] = [(last, last, prior_jacobian.T @ prior_jacobian)]
-        gradient = np.zeros(size)
-        gradient[last:] += prior_jacobian.T @ prior
         for k in range(self.windows):
-            jz, jp, r = j["data_start"][k].numpy(), j["data_params"][k].numpy(), j["data"][k].numpy()
+            jz, jp = j["data_start"][k].numpy(), j["data_params"][k].numpy()
             blocks += [(k * n, k * n, jz.T @ jz + PRIOR_WEIGHT**2 * np.eye(n)), (k * n, last, jz.T @ jp)]
             blocks += [(last, k * n, jp.T @ jz), (last, last, jp.T @ jp)]
-            gradient[k * n : (k + 1) * n] += jz.T @ r + PRIOR_WEIGHT**2 * z[k].numpy()
-            gradient[last:] += jp.T @ r
         for k in np.flatnonzero(self.joined):
             a, b = weight * j["cont_start"][k].numpy(), weight * j["cont_next"][k].numpy()
-            p, r = weight * j["cont_params"][k].numpy(), weight * j["defects"][k].numpy()
+            p = weight * j["cont_params"][k].numpy()
             here, there = k * n, (k + 1) * n
             blocks += [(here, here, a.T @ a), (there, there, b.T @ b), (here, there, a.T @ b), (there, here, b.T @ a)]
             blocks += [(here, last, a.T @ p), (last, here, p.T @ a), (there, last, b.T @ p), (last, there, p.T @ b)]
             blocks.append((last, last, p.T @ p))
-            gradient[here : here + n] += a.T @ r
-            gradient[there : there + n] += b.T @ r
-            gradient[last:] += p.T @ r
         rows, cols, values = [], [], []
         for i, k, block in blocks:
             ii, kk = np.meshgrid(np.arange(block.shape[0]) + i, np.arange(block.shape[1]) + k, indexing="ij")
             rows.append(ii.ravel())
             cols.append(kk.ravel())
             values.append(block.ravel())
-        normal = scipy.sparse.coo_matrix(
+        size = last + self.size
+        return scipy.sparse.coo_matrix(
             (np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), (size, size)
         ).tocsc()
+
+    def gradient(self, j: dict[str, torch.Tensor], z: torch.Tensor, theta: np.ndarray, weight: float) -> np.ndarray:
+        """The cost's half-gradient (K * 48 + P,) at starts ``z`` (K, 48) and parameters ``theta``
+        (P,), where the Jacobians ``j`` and their residuals were taken."""
+        n, last = COORDINATES, self.windows * COORDINATES
+        prior, prior_jacobian = self.prior(theta)
+        gradient = np.zeros(last + self.size)
+        gradient[last:] += prior_jacobian.T @ prior
+        for k in range(self.windows):
+            jz, jp, r = j["data_start"][k].numpy(), j["data_params"][k].numpy(), j["data"][k].numpy()
+            gradient[k * n : (k + 1) * n] += jz.T @ r + PRIOR_WEIGHT**2 * z[k].numpy()
+            gradient[last:] += jp.T @ r
+        for k in np.flatnonzero(self.joined):
+            r = weight * j["defects"][k].numpy()
+            gradient[k * n : (k + 1) * n] += weight * j["cont_start"][k].numpy().T @ r
+            gradient[(k + 1) * n : (k + 2) * n] += weight * j["cont_next"][k].numpy().T @ r
+            gradient[last:] += weight * j["cont_params"][k].numpy().T @ r
+        return gradient
+
+    def step(
+        self, normal: scipy.sparse.csc_matrix, gradient: np.ndarray, damping: float
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """The Levenberg-Marquardt step (starts (K, 48), parameters (P,)) of the ``normal``
+        equations with ``gradient`` and Marquardt's diagonal ``damping``."""
         scaled = normal + damping * scipy.sparse.diags(normal.diagonal() + 1e-6)
         delta = scipy.sparse.linalg.spsolve(scaled.tocsc(), -gradient)
-        return torch.tensor(delta[:last].reshape(self.windows, n)), delta[last:], gradient[last:]
+        last = self.windows * COORDINATES
+        return torch.tensor(delta[:last].reshape(self.windows, COORDINATES)), delta[last:]
 
     def solve(self, progress: Callable[[Step], None] | None = None) -> ShootingFit:
         """Solve from the settled starts and the space's start. One history step (``method``
@@ -332,7 +352,8 @@ class GaitShooting:
             damping = INITIAL_DAMPING
             for _ in range(self.config.gait_shooting_iterations):
                 jacobians = self.jacobians(z, theta)
-                dz, dtheta, gradient = self.step(jacobians, z, theta, weight, damping)
+                normal = self.normal(jacobians, theta, weight)
+                gradient = self.gradient(jacobians, z, theta, weight)
                 prior, _ = self.prior(theta)
                 step = Step(
                     iteration=len(history),
@@ -341,7 +362,7 @@ class GaitShooting:
                     unfiltered_loss=float((data**2).sum()) / count,
                     prior=float((prior**2).sum()),
                     kept_fraction=1.0,
-                    gradient=dict(zip(self.space.names, gradient.tolist(), strict=True)),
+                    gradient=dict(zip(self.space.names, gradient[z.numel() :].tolist(), strict=True)),
                     lr=damping,
                     wall_s=time.perf_counter() - began,
                     method="shooting",
@@ -351,13 +372,12 @@ class GaitShooting:
                     progress(step)
                 moved = False
                 while damping <= MAX_DAMPING:
-                    better = self._along(z, theta, dz, dtheta, weight, current)
+                    better = self._along(z, theta, *self.step(normal, gradient, damping), weight, current)
                     if better is not None:
                         current, z, theta, data, defects = better
                         damping, moved = damping / 3, True
                         break
                     damping *= DAMPING_GROWTH
-                    dz, dtheta, _ = self.step(jacobians, z, theta, weight, damping)
                 if not moved:
                     break
         joined = defects[torch.as_tensor(self.joined)]
