@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import SysidConfig
+from pipeline.config import PriorConfig, SysidConfig
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.policies import random_policy
 from pipeline.sysid.data import split_gaits
@@ -98,7 +98,10 @@ def test_normal_equations_are_the_stacked_jacobians(default_configs, two_recordi
     """The sparse normal matrix and gradient equal J^T J and J^T r of the whole residual vector
     (data, start priors, weighted continuity, parameter priors) stacked densely."""
     weight = 3.0
-    problem, _ = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=1)
+    _, loss = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=1)
+    start = Params.from_robot(default_configs.robot, friction=0.6)
+    space = ParameterSpace(("friction",), start, priors={"friction": PriorConfig(value=0.55, scale=0.1)})
+    problem = GaitShooting(loss, space, loss.config)
     k_windows, n, size = problem.windows, COORDINATES, problem.size
     rng = np.random.default_rng(0)
     z = torch.tensor(rng.normal(0.0, 0.5, (k_windows, n)))
@@ -123,9 +126,15 @@ def test_normal_equations_are_the_stacked_jacobians(default_configs, two_recordi
         block[:, k_windows * n :] = weight * j["cont_params"][k].numpy()
         rows.append(block)
         residuals.append(weight * j["defects"][k].numpy())
+    prior_residuals, prior_jacobian = problem.prior(theta)
+    block = np.zeros((len(prior_residuals), columns))
+    block[:, k_windows * n :] = prior_jacobian
+    rows.append(block)
+    residuals.append(prior_residuals)
     dense, r = np.concatenate(rows), np.concatenate(residuals)
     normal = problem.normal(j, theta, weight).toarray()
     np.testing.assert_allclose(normal, dense.T @ dense, rtol=1e-9, atol=1e-9 * np.abs(normal).max())
     gradient = problem.gradient(j, z, theta, weight)
     np.testing.assert_allclose(gradient, dense.T @ r, rtol=1e-9, atol=1e-9 * np.abs(gradient).max())
     assert np.abs(j["defects"].numpy()).max() > 0 and np.abs(j["data_params"].numpy()).max() > 0
+    assert prior_residuals.shape == (1,) and prior_residuals[0] != 0

@@ -36,11 +36,11 @@ about 1 % of its value per step through the rough residuals, so 15 steps per wei
 0.5523. Refined as well at weight 0.3, restitution moved from +0.9 % to +3.8 % on seed 2 and
 from -7.8 % to -3.5 % on seed 3; through all three weights on seed 3 it was at -1.0 % when weight
 0.3 stopped (28 steps) and went on to +5.7 % at weights 3 and 10 (0.6979 / 0.5025 / 0.3170, 65
-steps, 1188 s). So the default refines motor speed and friction only. The path
-matters, not only the Jacobians' cost (14.6 s of a step's 17 s there): chord steps (the Jacobian
-kept for up to four more steps, each re-evaluating the residuals only) moved friction faster at
-first (0.565 after 4 steps, 106 s) but stopped at 0.558 (18 steps, 429 s): the starts settled
-around parameters that had moved ahead of them.
+steps, 1188 s). So the default refines motor speed and friction only. The path matters, not
+only the Jacobians' cost (14.6 s of a step's 17 s there): chord steps (the Jacobian kept for up
+to four more steps, each re-evaluating the residuals only) moved friction faster at first (0.565
+after 4 steps, 106 s) but stopped at 0.558 (18 steps, 429 s): the starts settled around
+parameters that had moved ahead of them.
 """
 
 from __future__ import annotations
