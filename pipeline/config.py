@@ -391,6 +391,12 @@ class SysidConfig(StrictModel):
         description="Control latencies tried before the gradient fit (s); the best goes to pid.latency_s. "
         "Empty: keep the robot config's.",
     )
+    latency_speed_factors: tuple[Positive, ...] = Field(
+        default=(0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2),
+        min_length=1,
+        description="Each latency of latency_grid_s is scored at its best motor speed among the start's "
+        "times these factors (a latency and the motor speed trade off in the gaits' timing).",
+    )
     search_parameters: tuple[EngineParameter, ...] = Field(
         default=("motor_speed", "friction", "restitution"),
         description="Fitted by CMA-ES on the robust KFL after the gradient stages (those also in `parameters`).",

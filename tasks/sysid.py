@@ -37,7 +37,7 @@ from pipeline.physics.truth import twin_true_params
 from pipeline.plots import replay_paths, sysid_history
 from pipeline.sysid.data import Gait, Recording, split_gaits
 from pipeline.sysid.identify import identify_staged, planned_steps
-from pipeline.sysid.latency import best_latency
+from pipeline.sysid.latency import LatencyChoice, best_latency
 from pipeline.sysid.losses import make_loss
 from pipeline.sysid.result import Identification, Step
 from pipeline.sysid.validate import Replay, replay, split_holdout
@@ -52,7 +52,7 @@ from tasks.caching import stage_cache_key
 from tasks.track import TRACKED_FILE, recording_folders
 
 STAGE = "sysid"
-STAGE_VERSION = "4"
+STAGE_VERSION = "5"
 OVERLAY_FILE = "identified.yaml"
 MJCF_FILE = "identified.xml"
 HISTORY_FILE = "history.parquet"
@@ -151,12 +151,13 @@ def replay_held_out(configs: LoadedConfigs, data: SysidData, robot: RobotConfig,
 
 def latency_robot(
     robot: RobotConfig, recordings: dict[str, Recording], fit: list[Gait], config: SysidConfig, timeout_s: float
-) -> tuple[RobotConfig, dict[float, float]]:
-    """``robot`` with the control latency of ``config.latency_grid_s`` whose loss on the ``fit``
-    gaits is lowest at the robot's own values (``robot`` as it is without a grid), and each
-    candidate's loss by latency (s). ``timeout_s``: the segment timeout of recordings that do not say."""
+) -> tuple[RobotConfig, LatencyChoice | None]:
+    """``robot`` with the control latency of ``config.latency_grid_s`` that scores lowest on the
+    ``fit`` gaits at its best motor speed (:func:`~pipeline.sysid.latency.best_latency`), and the
+    choice (``robot`` as it is, and None, without a grid). ``timeout_s``: the segment timeout of
+    recordings that do not say."""
     if not config.latency_grid_s:
-        return robot, {}
+        return robot, None
     start = Params.from_robot(robot)
 
     def build(latency_s: float):
@@ -164,8 +165,8 @@ def latency_robot(
         engine = Engine(RobotModel.from_robot(candidate), dt=config.dt_s)
         return make_loss(engine, candidate, recordings, fit, start, config, timeout_s)
 
-    latency, scores = best_latency(build, start, config.latency_grid_s)
-    return with_latency(robot, latency), scores
+    choice = best_latency(build, start, config.latency_grid_s, config.latency_speed_factors, config)
+    return with_latency(robot, choice.latency_s), choice
 
 
 def run_sysid(
@@ -178,7 +179,7 @@ def run_sysid(
     robot, recordings, gaits, fit, held = data.robot, data.recordings, data.gaits, data.fit, data.held
     start = Params.from_robot(robot)
     configured = robot
-    robot, latency_scores = latency_robot(robot, recordings, fit, config, timeout_s)
+    robot, latency = latency_robot(robot, recordings, fit, config, timeout_s)
     engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s)
     loss = make_loss(engine, robot, recordings, fit, start, config, timeout_s)
     with Progress(
@@ -210,7 +211,9 @@ def run_sysid(
     summary = _summary(config.loss, start, result, gaits, fit, held, replays)
     summary["latency_s"] = robot.pid.latency_s
     summary["recordings"] = len(recordings)
-    summary.update({f"latency_loss.{1000 * k:.0f}ms": v for k, v in latency_scores.items()})
+    if latency is not None:
+        summary.update({f"latency_loss.{1000 * k:.0f}ms": v for k, v in latency.scores.items()})
+        summary.update({f"latency_motor_speed.{1000 * k:.0f}ms": v for k, v in latency.motor_speeds.items()})
     return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary, result
 
 

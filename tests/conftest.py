@@ -43,6 +43,7 @@ SMALL_SYSID = {
     "dt_s": 0.005,
     "chunk_s": 2.0,
     "latency_grid_s": [0.0, 0.06],
+    "latency_speed_factors": [0.9, 1.0, 1.1],
     "search_generations": 2,
     "search_population": 4,
     "start_refits": 0,

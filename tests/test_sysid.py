@@ -25,12 +25,14 @@ from pipeline.sysid.data import EXTEND, HOLD, RETRACT, Recording, split_gaits
 from pipeline.sysid.evolution import PROFILE_MOVES, refine, robust_defects
 from pipeline.sysid.identify import identify, identify_staged, planned_steps, robust_sum, unit_gradients
 from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
+from pipeline.sysid.latency import best_latency
 from pipeline.sysid.losses import KeyFrameLoss, LossValue, Population, make_loss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.start_fit import COORDINATES, LeadIn, StartResiduals, difference, perturbed
 from pipeline.sysid.synthetic import engine_recording, exact_states
 from pipeline.sysid.validate import replay, split_holdout
 from pipeline.sysid.windows import WindowStarts, run_windows
+from tasks.sysid import with_latency
 
 DT = 0.005  # engine data and identification share the step, so the model is exact
 
@@ -225,10 +227,12 @@ def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data
     single = [loss(c.expand(loss.units)) for c in candidates]
     np.testing.assert_allclose(batched.defects, np.stack([v.defects for v in single]), rtol=1e-12)
     assert batched.defects.shape == (2, loss.units) and not np.allclose(batched.defects[0], batched.defects[1])
-    # the search's penalty: the scored gaits' mean engine-minus-data duration, in duration_sigma_s, squared
-    late = [(v.engine_durations_s - v.data_durations_s)[v.scored].mean() for v in single]
-    np.testing.assert_allclose(batched.penalty, (np.array(late) / config.duration_sigma_s) ** 2, rtol=1e-12)
-    assert late[1] < -config.duration_sigma_s < 0.5 * config.duration_sigma_s > abs(late[0])  # truth: 0.5
+    # the search's penalty: the scored gaits' mean engine-minus-data duration, in duration_sigma_s, squared;
+    # the timing: their squared differences, averaged
+    late = [(v.engine_durations_s - v.data_durations_s)[v.scored] / config.duration_sigma_s for v in single]
+    np.testing.assert_allclose(batched.penalty, [np.mean(x) ** 2 for x in late], rtol=1e-12)
+    np.testing.assert_allclose(batched.timing, [np.mean(x**2) for x in late], rtol=1e-12)
+    assert np.mean(late[1]) < -1 < 0.5 > abs(np.mean(late[0]))  # truth: 0.5
 
     # a gait that timed out in the data: the engine gives up when the data did, and its duration is no timing
     k = int(np.flatnonzero(loss.scored)[1])
@@ -239,9 +243,38 @@ def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data
     assert limits[k - 1] == pytest.approx(config.duration_cap * gaits[k - 1].duration_s + gave_up.tick_s)
     value = gave_up(candidates[1].expand(gave_up.units))
     timed = value.scored & (np.arange(gave_up.units) != k)
-    late = (value.engine_durations_s - value.data_durations_s)[timed].mean()
-    penalty = gave_up.population(candidates[1]).penalty
-    np.testing.assert_allclose(penalty, [(late / config.duration_sigma_s) ** 2], rtol=1e-12)
+    late = (value.engine_durations_s - value.data_durations_s)[timed] / config.duration_sigma_s
+    timed_out = gave_up.population(candidates[1])
+    np.testing.assert_allclose(timed_out.penalty, [np.mean(late) ** 2], rtol=1e-12)
+    np.testing.assert_allclose(timed_out.timing, [np.mean(late**2)], rtol=1e-12)
+
+
+def test_latency_is_chosen_at_each_candidates_best_motor_speed(default_configs) -> None:
+    """Engine data with a 0.06 s latency and motor speed 0.8; the start's motor speed (0.99) is too
+    fast, which a longer latency excuses: scored at the start's speed alone, the grid picks the
+    longest latency. Profiled over motor speed, it picks the true one, at about the true speed."""
+    robot = with_latency(default_configs.robot, 0.06)
+    config = SysidConfig(parameters=("motor_speed",), dt_s=DT, chunk_s=4.0, mask_filter=False)
+    engine = Engine(RobotModel.from_robot(robot), dt=DT)
+    truth = Params.from_robot(robot, motor_speed=0.8)
+    data = engine_recording(engine, truth, robot, random_policy(robot, 12, seed=4).targets, caps_noise_m=0.002)
+    gaits = split_gaits(data, robot, 8.0)
+    start = Params.from_robot(robot)
+
+    def build(latency_s: float):
+        candidate = with_latency(robot, latency_s)
+        own = Engine(RobotModel.from_robot(candidate), dt=DT)
+        return make_loss(own, candidate, {data.name: data}, gaits, start, config, 8.0)
+
+    grid = (0.0, 0.06, 0.12)
+    at_start = best_latency(build, start, grid, (1.0,), config)
+    assert at_start.latency_s == 0.12
+    choice = best_latency(build, start, grid, config.latency_speed_factors, config)
+    assert choice.latency_s == 0.06
+    assert choice.motor_speeds[0.06] == pytest.approx(0.8, rel=0.04)
+    assert choice.scores[0.06] < min(choice.scores[0.0], choice.scores[0.12])
+    with pytest.raises(ValueError, match="motor speed factors"):
+        best_latency(build, start, grid, (), config)
 
 
 class _DivergingKeyFrames:
@@ -260,7 +293,8 @@ class _DivergingKeyFrames:
         weight = np.linspace(0.5, 1.5, self.units)[None]
         defects = ((motor - 0.7) / 0.01) ** 2 + 0.1 * weight * ((friction - 0.5) / 0.05) ** 2
         tipped = np.arange(self.units)[None] < 6
-        return Population(defects + np.where(tipped & (motor < 0.72), 400.0, 0.0), np.zeros(len(motor)))
+        none = np.zeros(len(motor))
+        return Population(defects + np.where(tipped & (motor < 0.72), 400.0, 0.0), none, none)
 
 
 def test_search_fits_through_diverging_key_frames_and_profiles_the_widths(default_configs) -> None:

@@ -93,7 +93,7 @@ def refine(
         population = loss_fn.population(Params.concat([space.params(t) for t in thetas]))
         defects = population.defects[:, scored]
         priors = np.array([float(space.prior_penalty(t)) for t in thetas])
-        scores = _scores(defects, population.penalty + priors / units, config)
+        scores = search_scores(defects, population.penalty + priors / units, config)
         strategy.tell(samples, scores[1:].tolist())
         if generation == 0:
             start_score = float(scores[0])
@@ -114,7 +114,7 @@ def refine(
             progress(step)
     final = space.project(torch.tensor(strategy.result.xfavorite, dtype=torch.float64))
     population = loss_fn.population(space.params(final))
-    final_score = _scores(
+    final_score = search_scores(
         population.defects[:, scored], population.penalty + float(space.prior_penalty(final)) / units, config
     )
     if start_score < float(final_score[0]):
@@ -217,7 +217,7 @@ def profiles_through(
     scored = np.asarray(loss_fn.scored, dtype=bool)
     population = loss_fn.population(Params.concat([space.params(t) for t in flat]))
     priors = np.array([float(space.prior_penalty(t)) for t in flat])
-    scores = _scores(population.defects[:, scored], population.penalty + priors / max(loss_fn.units, 1), config)
+    scores = search_scores(population.defects[:, scored], population.penalty + priors / max(loss_fn.units, 1), config)
     shape = (len(space.names), PROFILE_POINTS)
     return Profile(
         space=space,
@@ -229,7 +229,7 @@ def profiles_through(
     )
 
 
-def _scores(defects: np.ndarray, penalties: np.ndarray, config: SysidConfig) -> np.ndarray:
+def search_scores(defects: np.ndarray, penalties: np.ndarray, config: SysidConfig) -> np.ndarray:
     """Search score (P,) of candidates: robust loss of their scored defects (P, K) plus their
     penalties (P,) (the loss's own and the prior per unit)."""
     return robust_defects(defects, config.robust_scale).mean(-1) + penalties

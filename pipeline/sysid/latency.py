@@ -1,31 +1,64 @@
-"""Control latency by grid search (seed 003's whole-loop view).
+"""Control latency by grid search, with the motor speed profiled out (seed 003's whole-loop view).
 
 The engine applies a command a whole number of control ticks after the sensor
-reading it answers (``pid.latency_s``): a discrete choice with no gradient. Each
-candidate is scored by the unfiltered Key Frame Loss at the starting parameters,
-and the best one is kept for the gradient-based identification that follows.
+reading it answers (``pid.latency_s``): a discrete choice with no gradient. A latency
+and the motor speed trade off in the gaits' timing (a later start is made up by a
+faster motor), so scoring each candidate at the start's motor speed picks whichever
+latency best excuses the start's speed error. Each candidate is therefore scored at
+its own best motor speed among the start's times each of ``speed_factors`` (one engine
+batch). The score is the search's robust key-frame loss
+(:func:`~pipeline.sysid.evolution.search_scores`) plus ``config.duration_weight`` times
+the loss's *timing*, the mean squared difference of the gaits' durations: a latency
+delays every gait by the same time, a motor speed in proportion to the gait's travel,
+so the spread of the gaits' timing errors tells them apart where the search's pooled
+timing penalty (the squared mean difference) cannot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-import torch
+import numpy as np
 
+from pipeline.config import SysidConfig
 from pipeline.physics.params import Params
+from pipeline.sysid.evolution import search_scores
 from pipeline.sysid.losses import TrajectoryLoss
 
 
+@dataclass(frozen=True)
+class LatencyChoice:
+    """The chosen ``latency_s`` (s); each candidate's profiled search score ``scores`` and the
+    motor speed ``motor_speeds`` it was reached at, by latency (s)."""
+
+    latency_s: float
+    scores: dict[float, float]
+    motor_speeds: dict[float, float]
+
+
 def best_latency(
-    build: Callable[[float], TrajectoryLoss], params: Params, candidates_s: Sequence[float]
-) -> tuple[float, dict[float, float]]:
-    """The candidate latency (s) whose loss (built by ``build(latency_s)``) is lowest at ``params``
-    (one environment), and every candidate's loss."""
+    build: Callable[[float], TrajectoryLoss],
+    params: Params,
+    candidates_s: Sequence[float],
+    speed_factors: Sequence[float],
+    config: SysidConfig,
+) -> LatencyChoice:
+    """The candidate latency (s) whose loss (built by ``build(latency_s)``) scores lowest at its
+    best motor speed among ``params``' (one environment) times each of ``speed_factors``."""
     if not candidates_s:
         raise ValueError("no latency candidates")
-    scores = {}
+    if not speed_factors:
+        raise ValueError("no motor speed factors to profile each latency over")
+    speeds = [float(params.motor_speed[0]) * f for f in speed_factors]
+    profile = Params.concat([params.replace(motor_speed=params.motor_speed.new_tensor([s])) for s in speeds])
+    scores, motor_speeds = {}, {}
     for latency in candidates_s:
         loss = build(float(latency))
-        with torch.no_grad():
-            scores[float(latency)] = loss(params.expand(loss.units)).unfiltered
-    return min(scores, key=scores.__getitem__), scores
+        population = loss.population(profile)
+        scored = np.asarray(loss.scored, dtype=bool)
+        each = search_scores(population.defects[:, scored], config.duration_weight * population.timing, config)
+        best = int(np.argmin(each))
+        scores[float(latency)], motor_speeds[float(latency)] = float(each[best]), speeds[best]
+    chosen = min(scores, key=scores.__getitem__)
+    return LatencyChoice(chosen, scores, motor_speeds)

@@ -60,11 +60,13 @@ class LossValue:
 @dataclass(frozen=True)
 class Population:
     """What a loss says of candidates run together: each one's weighted squared ``defects``
-    (P, units) and a ``penalty`` (P,) that the search adds to its score as it is (zero for a loss
-    that has none)."""
+    (P, units), a ``penalty`` (P,) that the search adds to its score as it is, and ``timing``
+    (P,): the mean over the timed gaits of each one's squared duration difference, in units of
+    its scale (both zero for a loss that has no durations)."""
 
     defects: np.ndarray
     penalty: np.ndarray
+    timing: np.ndarray
 
 
 class TrajectoryLoss(Protocol):
@@ -268,16 +270,20 @@ class KeyFrameLoss:
         parameter set each), all run as one engine batch, without gradients; the penalty is
         ``config.duration_weight`` times the squared mean difference of the engine's and the data's
         scored gait durations, in ``config.duration_sigma_s``. Pooled over every gait, the timing
-        pins the motor speed without the tick-by-tick jumps of single gaits' durations. Gaits
-        that timed out in the data (``Gait.reached`` false) do not count: their duration is the
-        timeout, not the robot's."""
+        pins the motor speed without the tick-by-tick jumps of single gaits' durations. The timing
+        is the mean of the gaits' squared differences: it tells a control latency (the same delay
+        in every gait) from the motor speed (a delay in proportion to the gait's travel), which the
+        pooled difference cannot (:mod:`~pipeline.sysid.latency`). Gaits that timed out in the data
+        (``Gait.reached`` false) do not count: their duration is the timeout, not the robot's."""
         count = candidates.batch_size
         per_unit = Params(**{n: v.repeat_interleave(self.units) for n, v in candidates.as_dict().items()})
         with torch.no_grad():
             defects, _, durations = self._key_frames(per_unit, copies=count)
         timed = self.scored & self.reached
-        late = (durations - self.data_durations)[:, timed].mean(1) if timed.any() else np.zeros(count)
-        return Population(defects.numpy(), self.config.duration_weight * (late / self.config.duration_sigma_s) ** 2)
+        if not timed.any():
+            return Population(defects.numpy(), np.zeros(count), np.zeros(count))
+        late = (durations - self.data_durations)[:, timed] / self.config.duration_sigma_s
+        return Population(defects.numpy(), self.config.duration_weight * late.mean(1) ** 2, (late**2).mean(1))
 
     def _key_frames(self, params: Params, copies: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """Run every chunk ``copies`` times (``params``: ``copies * units`` environments, copy-major)
@@ -376,13 +382,13 @@ class _PolicyRollouts:
 
     def population(self, candidates: Params) -> Population:
         """Weighted squared defects (P, units) of ``candidates`` (P environments), one rollout each;
-        no penalty."""
+        no penalty, no timing."""
         rows = []
         with torch.no_grad():
             for k in range(candidates.batch_size):
                 one = Params(**{n: v[k : k + 1] for n, v in candidates.as_dict().items()})
                 rows.append(self(one.expand(self.units)).defects)
-        return Population(np.stack(rows), np.zeros(len(rows)))
+        return Population(np.stack(rows), np.zeros(len(rows)), np.zeros(len(rows)))
 
     def _rollout(self, params: Params, span_s: float) -> Trace:
         trace, _ = run_windows(
