@@ -476,7 +476,9 @@ def test_replay_scores_the_true_engine_better(engine, slow_motor_data, default_c
     "(36.9 %) and, on slightly different tracked data (timed-out gaits, RANSAC on one thread), 17.4 -> 22.1 mm "
     "(-27.1 %) at motor 0.890, friction 0.715, restitution 0.072, where the search's own answer before its "
     "profile move (restitution 0.069) gave 14.7 mm: the mean error of 12 held-out gaits is chaotic in the "
-    "parameters. The twin's own values in the engine (true attachment points and latency) give 13.7 mm there "
+    "parameters; with each latency scored at its best motor speed (0.08 s chosen; twin: 0.06 s), 16.8 -> 21.7 mm "
+    "(-29.0 %, median 13.4 -> 17.3 mm) at motor 0.966, friction 0.752, restitution 0.002. "
+    "The twin's own values in the engine (true attachment points and latency) give 13.7 mm there "
     "(-21 %), and over six collect seeds of the default config -21.5 to +36.1 % (benchmarks.sysid_floor): "
     "no known engine parameters halve this error",
 )
