@@ -32,7 +32,7 @@ from pipeline.sysid.start_fit import COORDINATES, LeadIn, StartResiduals, differ
 from pipeline.sysid.synthetic import engine_recording, exact_states
 from pipeline.sysid.validate import replay, split_holdout
 from pipeline.sysid.windows import WindowStarts, run_windows
-from tasks.sysid import with_latency
+from tasks.sysid import latency_robot, with_latency
 
 DT = 0.005  # engine data and identification share the step, so the model is exact
 
@@ -259,22 +259,20 @@ def test_latency_is_chosen_at_each_candidates_best_motor_speed(default_configs) 
     truth = Params.from_robot(robot, motor_speed=0.8)
     data = engine_recording(engine, truth, robot, random_policy(robot, 12, seed=4).targets, caps_noise_m=0.002)
     gaits = split_gaits(data, robot, 8.0)
-    start = Params.from_robot(robot)
-
-    def build(latency_s: float):
-        candidate = with_latency(robot, latency_s)
-        own = Engine(RobotModel.from_robot(candidate), dt=DT)
-        return make_loss(own, candidate, {data.name: data}, gaits, start, config, 8.0)
-
     grid = (0.0, 0.06, 0.12)
-    at_start = best_latency(build, start, grid, (1.0,), config)
+
+    def choose(factors: tuple[float, ...]):  # the stage's choice (tasks.sysid.latency_robot)
+        own = config.model_copy(update={"latency_grid_s": grid, "latency_speed_factors": factors})
+        return latency_robot(robot, {data.name: data}, gaits, own, 8.0)[1]
+
+    at_start = choose((1.0,))
     assert at_start.latency_s == 0.12
-    choice = best_latency(build, start, grid, config.latency_speed_factors, config)
+    choice = choose(config.latency_speed_factors)
     assert choice.latency_s == 0.06
     assert choice.motor_speeds[0.06] == pytest.approx(0.8, rel=0.04)
     assert choice.scores[0.06] < min(choice.scores[0.0], choice.scores[0.12])
     with pytest.raises(ValueError, match="motor speed factors"):
-        best_latency(build, start, grid, (), config)
+        best_latency(lambda latency_s: pytest.fail("built a loss"), Params.from_robot(robot), grid, (), config)
 
 
 class _DivergingKeyFrames:
