@@ -76,18 +76,19 @@ def twin_data(configs: LoadedConfigs, n_targets: int, seed: int) -> tuple[Record
 
 
 def run(
-    robot: RobotConfig, recording: Recording, config: SysidConfig, holdout: float, latency: bool
+    robot: RobotConfig, recording: Recording, config: SysidConfig, holdout: float, latency: bool, compiled: bool
 ) -> dict[str, object]:
     """Identify on ``recording`` (minus the held-out tail; with ``latency``, after choosing the
-    control latency as the stage does) and replay the held-out gaits."""
+    control latency as the stage does) and replay the held-out gaits; ``compiled``: the engines'
+    setting (the config's ``engine.compiled``)."""
     gaits = split_gaits(recording, robot, TIMEOUT_S)
     fit, held = split_holdout(gaits, holdout)
     start = Params.from_robot(robot)
     began = time.perf_counter()
     configured = robot
     if latency:
-        robot, _ = latency_robot(robot, {recording.name: recording}, fit, config, TIMEOUT_S)
-    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s)
+        robot, _ = latency_robot(robot, {recording.name: recording}, fit, config, TIMEOUT_S, compiled)
+    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s, compiled=compiled)
     loss = make_loss(engine, robot, {recording.name: recording}, fit, start, config, TIMEOUT_S)
     result = identify_staged(loss, start, config)
     wall_s = time.perf_counter() - began
@@ -104,7 +105,7 @@ def run(
         "profile": result.profile,
     }
     if held:
-        before_engine = Engine(RobotModel.from_robot(configured), dt=config.dt_s)
+        before_engine = Engine(RobotModel.from_robot(configured), dt=config.dt_s, compiled=compiled)
         before = replay(before_engine, start, configured, recording, held, config, TIMEOUT_S)
         after = replay(engine, result.params, robot, recording, held, config, TIMEOUT_S)
         out["holdout_before"] = before.metrics("")
@@ -157,14 +158,15 @@ def main() -> None:
         caps_noise_m=CAPS_NOISE_M,
         cable_noise_m=CABLE_NOISE_M,
     )
-    engine_result = run(robot, synthetic, config, holdout=0.0, latency=False)
+    compiled = configs.pipeline.engine.compiled
+    engine_result = run(robot, synthetic, config, holdout=0.0, latency=False, compiled=compiled)
     engine_result["truth"] = ENGINE_TRUTH
     engine_result.update(errors(engine_result["identified"], ENGINE_TRUTH))
 
     recording, sensors, caps = twin_data(configs, n_targets, seed=0)
     attachment = robot.attachment.model_copy(update={"phase_rad": configs.twin.attachment_phase_rad})
     twin_robot = robot.model_copy(update={"attachment": attachment})
-    twin_result = run(twin_robot, recording, config, holdout=config.holdout_fraction, latency=True)
+    twin_result = run(twin_robot, recording, config, config.holdout_fraction, latency=True, compiled=compiled)
     truth = twin_true_params(robot, configs.twin)
     twin_truth = {n: float(getattr(truth, n)[0]) for n in config.parameters}
     twin_result["truth"] = twin_truth

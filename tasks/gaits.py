@@ -150,7 +150,9 @@ def expanded_policies(
 def search_setup(configs: LoadedConfigs, attach_ref: Ref, sysid_ref: Ref) -> tuple[RobotConfig, Engine, Params, State]:
     """The identified robot, its engine (the search's time step), parameters and rest start."""
     robot = identified_robot(configs, attach_ref, sysid_ref)
-    engine = Engine(RobotModel.from_robot(robot), dt=configs.pipeline.gaits.search.dt_s)
+    engine = Engine(
+        RobotModel.from_robot(robot), dt=configs.pipeline.gaits.search.dt_s, compiled=configs.pipeline.engine.compiled
+    )
     params = Params.from_robot(robot)
     return robot, engine, params, rest_start(engine, params, robot)
 

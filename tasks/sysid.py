@@ -140,7 +140,7 @@ def sysid_data(
 def replay_held_out(configs: LoadedConfigs, data: SysidData, robot: RobotConfig, params: Params) -> dict[str, Replay]:
     """Replay ``params`` (one environment) in the engine of ``robot`` on each recording's held-out gaits."""
     config = configs.pipeline.sysid
-    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s)
+    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s, compiled=configs.pipeline.engine.compiled)
     timeout_s = configs.pipeline.collect.segment_timeout_s
     replays = {}
     for name, own in data.held_out().items():
@@ -150,19 +150,24 @@ def replay_held_out(configs: LoadedConfigs, data: SysidData, robot: RobotConfig,
 
 
 def latency_robot(
-    robot: RobotConfig, recordings: dict[str, Recording], fit: list[Gait], config: SysidConfig, timeout_s: float
+    robot: RobotConfig,
+    recordings: dict[str, Recording],
+    fit: list[Gait],
+    config: SysidConfig,
+    timeout_s: float,
+    compiled: bool = False,
 ) -> tuple[RobotConfig, LatencyChoice | None]:
     """``robot`` with the control latency of ``config.latency_grid_s`` that scores lowest on the
     ``fit`` gaits at its best motor speed (:func:`~pipeline.sysid.latency.best_latency`), and the
     choice (``robot`` as it is, and None, without a grid). ``timeout_s``: the segment timeout of
-    recordings that do not say."""
+    recordings that do not say; ``compiled``: the engines' ``compiled`` setting."""
     if not config.latency_grid_s:
         return robot, None
     start = Params.from_robot(robot)
 
     def build(latency_s: float):
         candidate = with_latency(robot, latency_s)
-        engine = Engine(RobotModel.from_robot(candidate), dt=config.dt_s)
+        engine = Engine(RobotModel.from_robot(candidate), dt=config.dt_s, compiled=compiled)
         return make_loss(engine, candidate, recordings, fit, start, config, timeout_s)
 
     choice = best_latency(build, start, config.latency_grid_s, config.latency_speed_factors, config)
@@ -179,8 +184,9 @@ def run_sysid(
     robot, recordings, gaits, fit, held = data.robot, data.recordings, data.gaits, data.fit, data.held
     start = Params.from_robot(robot)
     configured = robot
-    robot, latency = latency_robot(robot, recordings, fit, config, timeout_s)
-    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s)
+    compiled = configs.pipeline.engine.compiled
+    robot, latency = latency_robot(robot, recordings, fit, config, timeout_s, compiled)
+    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s, compiled=compiled)
     loss = make_loss(engine, robot, recordings, fit, start, config, timeout_s)
     with Progress(
         TextColumn(f"sysid ({config.loss})"),

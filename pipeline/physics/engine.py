@@ -19,6 +19,8 @@ Shapes: B environments, 3 rods, 6 caps, 9 cables. Units SI.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -76,6 +78,8 @@ class Engine:
     resting contacts do not jitter. ``contact_iterations``: projected-Jacobi sweeps
     that refine the contact impulses of a rod touching at several points; they
     change the impulses' values only (the gradient is that of the first pass).
+    ``compiled``: steps taken without gradients (grad mode off, two or more
+    environments) run a ``torch.compile`` of the step (:func:`compiled_step`).
     """
 
     def __init__(
@@ -85,8 +89,10 @@ class Engine:
         gravity_m_s2: float = 9.81,
         bounce_speed: float = 0.05,
         contact_iterations: int = 2,
+        compiled: bool = False,
     ) -> None:
         self.model = model
+        self.compiled = compiled
         self.dt = dt
         self.bounce_speed = bounce_speed
         self.contact_iterations = contact_iterations
@@ -162,6 +168,12 @@ class Engine:
 
     def step(self, params: Params, state: State, control: torch.Tensor) -> State:
         """Advance every environment by ``dt`` with motor commands ``control`` (B, 6) in [-1, 1]."""
+        if self.compiled and not torch.is_grad_enabled() and state.batch_size > 1:
+            return compiled_step()(self, *_batch_inputs(params, state, control))
+        return self.advance(params, state, control)
+
+    def advance(self, params: Params, state: State, control: torch.Tensor) -> State:
+        """:meth:`step` in eager mode (what :func:`compiled_step` compiles)."""
         m = self.model
         dt = self.dt
         batch = state.batch_size
@@ -291,3 +303,27 @@ class Engine:
         deficit = (target_height - height).clamp(min=0.0)
         lift = (deficit[..., None] * m.contact_incidence).amax(dim=1)
         return torch.stack([torch.zeros_like(lift), torch.zeros_like(lift), lift], dim=-1)
+
+
+@functools.cache
+def compiled_step() -> Callable[[Engine, Params, State, torch.Tensor], State]:
+    """``torch.compile`` of :meth:`Engine.advance`, made once per process and shared by every
+    engine (the model's tensors are inputs, so a new engine or batch size does not compile
+    again; a new time step, dtype or other float setting does). Compiling costs about a minute
+    on two cores with an empty inductor cache; the compiled step is 2-4 times faster than the
+    eager one at 50-1200 environments (``python -m benchmarks.engine --compile``). Without
+    gradients only: the compiled backward is far slower than the eager one."""
+    return torch.compile(Engine.advance)
+
+
+def _batch_inputs(params: Params, state: State, control: torch.Tensor) -> tuple[Params, State, torch.Tensor]:
+    """The step's inputs as contiguous tensors with ``B`` environments (parameters of one
+    environment repeated), their batch dimension marked dynamic so that the compiled step
+    serves every batch size without compiling again."""
+    batch = state.batch_size
+    params = Params(**{n: v.expand(batch).contiguous() for n, v in params.as_dict().items()})
+    state = State(**{f.name: getattr(state, f.name).contiguous() for f in fields(State)})
+    control = control.expand(batch, -1).contiguous()
+    for tensor in (*params.as_dict().values(), *(getattr(state, f.name) for f in fields(State)), control):
+        torch._dynamo.mark_dynamic(tensor, 0)
+    return params, state, control
