@@ -538,8 +538,8 @@ class EngineConfig(StrictModel):
     compiled: bool = Field(
         default=True,
         description="Run the engine's steps without gradients (searches, finite differences, replays) "
-        "through torch.compile: 2-4 times faster steps for about a minute of compiling once per process "
-        "(less with a warm inductor cache). Steps with gradients always run eagerly.",
+        "through torch.compile: 1.8-4.3 times faster steps (64-4096 environments) for 40-55 s of compiling "
+        "once per process (10-30 s with a warm inductor cache). Steps with gradients always run eagerly.",
     )
 
 
