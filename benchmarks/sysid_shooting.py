@@ -4,10 +4,10 @@ Engine data as in ``benchmarks.sysid`` (motor speed 0.7, friction 0.5, restituti
 random policy, end caps at 10 Hz with 2 mm noise, cable lengths at 50 Hz with 1 mm). Every gait
 is one window with its start state free, joined to the next by continuity; the ``--parameters``
 are refined from ``--start`` (default: the robot config's values) by
-:class:`~pipeline.sysid.shooting.GaitShooting` with ``--weights`` and ``--iterations`` steps per
-weight. The sysid stage runs the same after its search when ``sysid.gait_shooting_iterations`` is
-set; started here from the search's answer on seed 2 (``--start 0.7047 0.6375 0.3026``) it shows
-what that stage adds. Prints one JSON line per iteration and one JSON object (last line): the
+:class:`~pipeline.sysid.shooting.GaitShooting` with ``--weights`` and ``--restarts`` (default: the
+config's) and ``--iterations`` steps per weight and round. The sysid stage runs the same after its
+search when ``sysid.gait_shooting_iterations`` is set; from the robot config's values it shows what
+shooting recovers alone. Prints one JSON line per iteration and one JSON object (last line): the
 answer, its errors in %, the data's cost against the residual count, the remaining continuity
 defects per part (in the coordinates' scales) and the wall time.
 """
@@ -42,21 +42,26 @@ def main() -> None:
     parser.add_argument("--config", default="configs/pipeline/default.yaml")
     parser.add_argument("--targets", type=int, default=140, help="random targets (~0.43 s each; 140: 60 s)")
     parser.add_argument("--seed", type=int, default=2, help="random-policy seed")
-    parser.add_argument("--weights", type=float, nargs="+", default=[0.3, 3.0, 10.0], help="continuity weights")
-    parser.add_argument("--iterations", type=int, default=30, help="Levenberg-Marquardt steps per weight")
+    parser.add_argument("--weights", type=float, nargs="+", help="continuity weights (default: the config's)")
+    parser.add_argument("--iterations", type=int, default=12, help="Levenberg-Marquardt steps per weight and round")
+    parser.add_argument("--restarts", type=int, help="rounds after the first (default: the config's)")
     parser.add_argument("--parameters", nargs="+", choices=NAMES, help="refined (default: the config's)")
     parser.add_argument("--start", type=float, nargs=3, metavar=NAMES, help="start values (default: the robot config)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 20 targets, 3 steps at weights 0.3 and 3")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 20 targets, 3 steps per weight and round")
     args = parser.parse_args()
     if args.quick:
-        args.targets, args.iterations, args.weights = 20, 3, [0.3, 3.0]
+        args.targets, args.iterations = 20, 3
     torch.set_num_threads(2)
     configs = load_all(args.config)
     robot = configs.robot
-    update = {"gait_shooting_weights": tuple(args.weights), "gait_shooting_iterations": args.iterations}
+    update: dict[str, object] = {"gait_shooting_iterations": args.iterations}
+    if args.weights:
+        update["gait_shooting_weights"] = tuple(args.weights)
+    if args.restarts is not None:
+        update["gait_shooting_restarts"] = args.restarts
     config = configs.pipeline.sysid.model_copy(update=update)
     names = tuple(args.parameters or config.gait_shooting_parameters)
-    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s)
+    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s, compiled=configs.pipeline.engine.compiled)
     data = engine_recording(
         engine,
         Params.from_robot(robot, **ENGINE_TRUTH),

@@ -79,6 +79,9 @@ def write_test_pipeline(folder: Path, campaign: str = "test", n_targets: int = 4
     pipeline["sysid"].update(SMALL_SYSID)
     pipeline["gaits"].update(SMALL_GAITS)
     pipeline["redeploy"].update(SMALL_REDEPLOY)
+    # eager engine: compiling the step costs 40-55 s per process, more than these small stages
+    # take eagerly; test_engine checks the compiled step against the eager one
+    pipeline["engine"]["compiled"] = False
     path = folder / "pipeline.yaml"
     path.write_text(yaml.safe_dump(pipeline))
     return path

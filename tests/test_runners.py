@@ -25,12 +25,7 @@ def _search(configs, attach_ref: dict[str, str], sysid_ref: dict[str, str]) -> d
 
 
 def test_dask_runner_gives_the_thread_runners_search(prefect_server, tmp_path: Path) -> None:
-    # eager engine: each dask worker process would compile the step again (about a minute on 2 cores)
-    overrides = {
-        "gaits.search": {"depth": 2, "validate_top": 2, "shards": 6},
-        "runner.kind": "dask",
-        "engine.compiled": False,
-    }
+    overrides = {"gaits.search": {"depth": 2, "validate_top": 2, "shards": 6}, "runner.kind": "dask"}
     configs = load_all(write_test_pipeline(tmp_path, campaign="runners"), overrides)
     refs = {name: ref.to_json() for name, ref in empty_overlays(configs, 1).items()}
     threads = _search.with_options(task_runner=task_runner(RunnerConfig()))(configs, refs["attach"], refs["sysid"])

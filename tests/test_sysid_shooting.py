@@ -61,15 +61,29 @@ def test_windows_are_joined_only_within_a_recording(default_configs, two_recordi
 
 
 def test_shooting_moves_friction_toward_the_truth_and_lowers_its_cost(default_configs, two_recordings) -> None:
-    problem, _ = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=3)
+    problem, _ = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=6, gait_shooting_restarts=0)
     fit = problem.solve()
     history = fit.identification.history
-    assert 1 <= len(history) <= 3 and {s.method for s in history} == {"shooting"}
+    assert 1 <= len(history) <= 6 and {s.method for s in history} == {"shooting"}
     assert history[0].values["friction"] == pytest.approx(0.6)
     losses = [s.loss for s in history]
     assert losses == sorted(losses, reverse=True)  # a step is taken only when it lowers the cost
     assert fit.data_cost / fit.residual_count < history[0].unfiltered_loss
     assert abs(fit.identification.values["friction"] - TRUE_FRICTION) < 0.5 * abs(0.6 - TRUE_FRICTION)
+
+
+def test_a_restart_shoots_again_from_starts_settled_at_the_answer(default_configs, two_recordings) -> None:
+    """With one restart, the second round begins at the first round's answer with the starts
+    settled there and unperturbed: its first cost is that of a fresh problem started there."""
+    problem, _ = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=1, gait_shooting_restarts=1)
+    history = problem.solve().identification.history
+    assert len(history) == 2 and history[0].values["friction"] == pytest.approx(0.6)
+    answer = history[1].values["friction"]
+    assert answer != pytest.approx(0.6, abs=1e-3)
+    fresh, _ = _problem(default_configs, two_recordings, answer, gait_shooting_iterations=1, gait_shooting_restarts=0)
+    first = fresh.solve().identification.history[0]
+    assert first.values["friction"] == pytest.approx(answer)
+    assert history[1].loss == pytest.approx(first.loss, rel=1e-9)
 
 
 def test_staged_identification_ends_with_shooting_when_asked(default_configs, two_recordings) -> None:
@@ -84,6 +98,7 @@ def test_staged_identification_ends_with_shooting_when_asked(default_configs, tw
         start_refits=0,
         gait_shooting_iterations=1,
         gait_shooting_weights=(1.0,),
+        gait_shooting_restarts=0,
     )
     start = Params.from_robot(default_configs.robot, friction=0.6)
     result = identify_staged(loss, start, config)
