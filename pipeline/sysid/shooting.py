@@ -119,7 +119,9 @@ class GaitShooting:
     chunks' gaits: lead-ins included) over ``space``'s parameters, settled at ``space``'s start.
 
     ``joined`` (K-1,): whether window ``k + 1`` is the gait after window ``k`` in the same
-    recording (windows are in recording and gait order); only those pairs have continuity."""
+    recording (windows are in recording and gait order); only those pairs have continuity.
+    ``initial``: the windows' residuals settled at ``space``'s start; ``residuals``: those of the
+    round :meth:`solve` is in (settled again at each restart)."""
 
     def __init__(self, loss: KeyFrameLoss, space: ParameterSpace, config: SysidConfig) -> None:
         gaits = sorted(loss.observed.gaits, key=lambda g: (g.recording, g.index))
@@ -139,7 +141,8 @@ class GaitShooting:
                 for g, n in zip(gaits, nexts, strict=True)
             ]
         )
-        self.residuals = self.settled_at(space.initial().numpy())
+        self.initial = self.settled_at(space.initial().numpy())
+        self.residuals = self.initial
         self.windows = len(gaits)
         self.order = np.argsort(self.residuals.observed.last_tick.numpy(), kind="stable")
 
@@ -371,8 +374,7 @@ class GaitShooting:
         rounds = range(1 + self.config.gait_shooting_restarts)
         for restart, (order, weight) in itertools.product(rounds, enumerate(self.config.gait_shooting_weights)):
             if order == 0:
-                if restart > 0:
-                    self.residuals = self.settled_at(theta)
+                self.residuals = self.settled_at(theta) if restart else self.initial
                 z = torch.zeros(self.windows, COORDINATES, dtype=torch.float64)
                 data, defects = self.evaluate(z, theta)
             current = self.cost(data, defects, z, theta, weight)
