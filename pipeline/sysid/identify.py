@@ -245,8 +245,8 @@ def planned_steps(config: SysidConfig) -> int:
     searched, stages = _plan(config)
     refits = config.start_refits if config.loss == "kfl" and config.start_fit_iterations else 0
     gradient_steps = sum(c.iterations for _, c in stages)
-    rounds = (1 + config.gait_shooting_restarts) * len(config.gait_shooting_weights)
-    shooting_steps = rounds * config.gait_shooting_iterations if _shot(config) else 0
+    weight_passes = (1 + config.gait_shooting_restarts) * len(config.gait_shooting_weights)
+    shooting_steps = weight_passes * config.gait_shooting_iterations if _shot(config) else 0
     if searched:
         return gradient_steps + (1 + refits) * (config.search_generations + PROFILE_MOVES) + shooting_steps
     return (1 + refits) * gradient_steps + shooting_steps
