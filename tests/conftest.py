@@ -43,7 +43,8 @@ SMALL_SYSID = {
     "dt_s": 0.005,
     "chunk_s": 2.0,
     "latency_grid_s": [0.0, 0.06],
-    "latency_speed_factors": [0.9, 1.0, 1.1],
+    "latency_speed_factors": [1.0],
+    "start_fit_iterations": 2,
     "search_generations": 2,
     "search_population": 4,
     "start_refits": 0,
@@ -101,9 +102,37 @@ def twin(default_configs: LoadedConfigs):
     robot.close()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``scripts/test.sh`` runs two workers), each worker's torch gets its
+    share of the cores: the small engine batches of the tests leave a second thread idle, and
+    two workers with one thread each use both cores."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
+PREFECT_SERVER_MODULES = ("tests/test_collect_flow.py", "tests/test_runners.py")
+"""The test modules with tests on the shared Prefect server (the ``prefect_server`` fixture)."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist sends whole test modules to a worker (a module's fixtures are built once), and
+    the modules of :data:`PREFECT_SERVER_MODULES` together (the session starts one server)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "prefect-server" if module in PREFECT_SERVER_MODULES else module
+
+    return ModuleScheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
-    """One Prefect ephemeral API server for the whole test session."""
+    """One Prefect ephemeral API server for the whole test session (see :data:`PREFECT_SERVER_MODULES`)."""
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):

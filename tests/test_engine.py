@@ -251,37 +251,42 @@ def test_float32_runs(default_configs) -> None:
     assert state.pos.dtype == torch.float32 and torch.isfinite(state.pos).all()
 
 
-@pytest.mark.parametrize("policy_name", ["rolling", "random"])
-def test_engine_with_twin_parameters_tracks_the_twin(default_configs, policy_name: str) -> None:
-    """Tolerance: final centroid error <= max(0.3 rod lengths, 25 % of the distance the twin
-    travelled), and the same final bottom face. The models differ in contact (MuJoCo's soft
-    contact with torsional/rolling friction vs impulses), sensing (the twin's PID sees biased,
-    noisy lengths), per-motor speed spread and the settled rest pose; measured over twin noise
-    seeds 7-10 the gap is 0.11-0.12 m for one rolling cycle (0.73 m travelled) and 0.045-0.063 m
-    for the random policy, against a twin repeatability of about 1 cm: this is the sim-to-sim
-    gap that sysid starts from."""
+def test_engine_with_twin_parameters_tracks_the_twin(default_configs) -> None:
+    """One rolling cycle and a random policy, as one engine batch of two. Tolerance: final
+    centroid error <= max(0.3 rod lengths, 25 % of the distance the twin travelled), and the same
+    final bottom face. The models differ in contact (MuJoCo's soft contact with torsional/rolling
+    friction vs impulses), sensing (the twin's PID sees biased, noisy lengths), per-motor speed
+    spread and the settled rest pose; measured over twin noise seeds 7-10 the gap is 0.11-0.12 m
+    for one rolling cycle (0.73 m travelled) and 0.045-0.063 m for the random policy, against a
+    twin repeatability of about 1 cm: this is the sim-to-sim gap that sysid starts from."""
     robot, truth = default_configs.robot, default_configs.twin
-    twin = MujocoTwin(robot, truth)  # its own instance: the twin's noise does not depend on test order
+    policies = {"rolling": gait_policy(robot, "rolling", 1), "random": random_policy(robot, 10, seed=3)}
+    twin_ends, start = {}, None
+    for name, policy in policies.items():
+        twin = MujocoTwin(robot, truth)  # its own instance: the twin's noise does not depend on test order
+        start = twin.ground_truth(0.0, 0).caps_m
+        caps = [p.caps_m for p in twin.execute(policy, 8.0, record_frames=False) if isinstance(p, GroundTruthPacket)]
+        twin_ends[name] = (caps[0], caps[-1])
     engine = Engine(twin_true_model(robot, truth), dt=0.001)
-    params = twin_true_params(robot, truth)
-    policy = gait_policy(robot, "rolling", 1) if policy_name == "rolling" else random_policy(robot, 10, seed=3)
-    start = twin.ground_truth(0.0, 0).caps_m
-    truth_caps = np.array(
-        [p.caps_m for p in twin.execute(policy, 8.0, record_frames=False) if isinstance(p, GroundTruthPacket)]
-    )
+    params = twin_true_params(robot, truth, batch=2)
     state = settle(engine, params, state_from_caps(engine, params, start), robot.pid, ONES, duration_s=2.0)
+    n = max(len(p.targets) for p in policies.values())  # the shorter policy holds its last target
+    padded = [np.vstack([p.targets, np.repeat(p.targets[-1:], n - len(p.targets), 0)]) for p in policies.values()]
     with torch.no_grad():
-        _, trace = run_policy(
-            engine, params, state, torch.tensor(policy.targets), robot.pid, 8.0, latency_s=truth.control_latency_s
+        final, trace = run_policy(
+            engine, params, state, torch.tensor(np.stack(padded)), robot.pid, 8.0, latency_s=truth.control_latency_s
         )
-    sim_caps = trace.caps_m[0].numpy()
-    travelled = np.linalg.norm(truth_caps[-1].mean(0)[:2] - truth_caps[0].mean(0)[:2])
-    error = np.linalg.norm(sim_caps[-1].mean(0)[:2] - truth_caps[-1].mean(0)[:2])
-    tolerance = max(0.3 * robot.rod.length_m, 0.25 * travelled)
-    assert error <= tolerance, f"centroid error {error:.3f} m > {tolerance:.3f} m"
-    assert bottom_face(sim_caps[-1]) == bottom_face(truth_caps[-1])
-    if policy_name == "rolling":
-        assert travelled > 0.5 and np.linalg.norm(sim_caps[-1].mean(0)[:2] - sim_caps[0].mean(0)[:2]) > 0.5
+    sim_ends = engine.cap_positions(final).numpy()
+    for env, name in enumerate(policies):
+        first, last = twin_ends[name]
+        travelled = np.linalg.norm(last.mean(0)[:2] - first.mean(0)[:2])
+        error = np.linalg.norm(sim_ends[env].mean(0)[:2] - last.mean(0)[:2])
+        tolerance = max(0.3 * robot.rod.length_m, 0.25 * travelled)
+        assert error <= tolerance, f"{name}: centroid error {error:.3f} m > {tolerance:.3f} m"
+        assert bottom_face(sim_ends[env]) == bottom_face(last), name
+    rolled = np.linalg.norm(sim_ends[0].mean(0)[:2] - trace.caps_m[0, 0].numpy().mean(0)[:2])
+    assert np.linalg.norm(twin_ends["rolling"][1].mean(0)[:2] - twin_ends["rolling"][0].mean(0)[:2]) > 0.5
+    assert rolled > 0.5
 
 
 def test_trace_caps_at_requested_times(engine, rest_state, default_configs) -> None:

@@ -126,10 +126,10 @@ def test_policy_repeats_the_best_gait_whose_every_cycle_reaches(default_configs,
     def found(targets: np.ndarray) -> FoundGait:
         return FoundGait("forward", targets, 0.3, 0.0, 0.0, 1, 2.0, reached=True)
 
-    rank, targets = first_reaching(engine, params, robot, start, [found(stuck), found(rolling)], 2, 3.0)
+    rank, targets = first_reaching(engine, params, robot, start, [found(stuck), found(rolling)], 2, 1.0)
     assert rank == 1
-    np.testing.assert_array_equal(targets, expand_in_engine(engine, params, robot, start, rolling, 2, 3.0))
-    assert first_reaching(engine, params, robot, start, [found(stuck)], 2, 3.0) is None
+    np.testing.assert_array_equal(targets, expand_in_engine(engine, params, robot, start, rolling, 2, 1.0))
+    assert first_reaching(engine, params, robot, start, [found(stuck)], 1, 1.0) is None
 
 
 def test_published_comparison_cycles_end_at_rest() -> None:
