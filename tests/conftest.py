@@ -117,6 +117,7 @@ PREFECT_SERVER_MODULES = ("tests/test_collect_flow.py", "tests/test_runners.py")
 """The test modules with tests on the shared Prefect server (the ``prefect_server`` fixture)."""
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unused where xdist is not loaded
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """pytest-xdist sends whole test modules to a worker (a module's fixtures are built once), and
     the modules of :data:`PREFECT_SERVER_MODULES` together (the session starts one server)."""
