@@ -108,7 +108,10 @@ def test_recover_recording_after_a_killed_process(tmp_path: Path, twin) -> None:
     assert sorted(p.name for p in recovered) == [GROUNDTRUTH_FILE, HARDWARE_FILE]
     hardware, meta = read_trajectory(tmp_path / HARDWARE_FILE)
     assert meta.complete is False and meta.segment_timeout_s == 8.0
-    assert 40 <= len(hardware) <= 51
+    # 50 Hz, each stamp jittered by less than 0.4 of a tick: at most 51 packets before 1 s (the one
+    # due at 1 s may come early) and the one that crossed it; the session twin's noise state
+    # depends on the tests that ran before this one
+    assert 40 <= len(hardware) <= 52
     assert np.all(np.diff(hardware["t"]) > 0)
 
 
