@@ -93,8 +93,10 @@ def test_pipeline(tmp_path: Path) -> Path:
     return write_test_pipeline(tmp_path)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def twin(default_configs: LoadedConfigs):
+    """A small-camera twin per test module: its noise state depends only on the module's own tests,
+    whichever modules an xdist worker ran before."""
     from pipeline.hardware.twin import MujocoTwin
 
     robot = MujocoTwin(default_configs.robot, small_twin(default_configs.twin))
