@@ -364,7 +364,7 @@ class SysidConfig(StrictModel):
         "search again, this many times (the first search runs on the settled starts).",
     )
     gait_shooting_iterations: Annotated[int, Field(ge=0)] = Field(
-        default=0,
+        default=12,
         description="KFL: Levenberg-Marquardt steps per continuity weight and round of gait-wise multiple "
         "shooting after the search (every fitted gait one window with its start state free; "
         "pipeline.sysid.shooting). 0: off. About 10 s per step on 60 s of data on 2 cores (README).",

@@ -48,8 +48,12 @@ SMALL_SYSID = {
     "search_generations": 2,
     "search_population": 4,
     "start_refits": 0,
+    "gait_shooting_iterations": 1,
+    "gait_shooting_restarts": 0,
+    "gait_shooting_parameters": ["motor_speed", "restitution"],
 }
-"""A sysid short enough for flow tests (its accuracy is tested in test_sysid.py)."""
+"""A sysid short enough for flow tests (its accuracy is tested in test_sysid.py). Gait shooting
+runs one step on two parameters, so friction keeps the search's profile range."""
 
 SMALL_GAITS = {
     "search": {"depth": 2, "validate_top": 2},

@@ -174,14 +174,15 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     identified = yaml.safe_load((sysid_dir / "identified.yaml").read_text())
     assert set(identified) == {"motor", "ground", "pid"} and set(identified["ground"]) == {"friction", "restitution"}
     history = pq.read_table(sysid_dir / "history.parquet").to_pandas()
-    methods = history["method"].tolist()  # warm-up, 2 generations, moves to a lower profile point
-    assert methods == ["gradient"] * 2 + ["search"] * 2 + ["profile"] * (len(methods) - 4)
+    methods = history["method"].tolist()  # warm-up, 2 generations, profile moves, one shooting step
+    assert methods == ["gradient"] * 2 + ["search"] * 2 + ["profile"] * (len(methods) - 5) + ["shooting"]
     assert history["loss"].notna().all()
     assert run.data.params["sysid.identified.motor_speed"] == f"{identified['motor']['speed']:.6g}"
     assert len(client.get_metric_history(run.info.run_id, "sysid.loss")) == len(methods)
     assert "sysid.truth_error.friction" in run.data.metrics  # the twin: scored against its hidden truth
     low, high = run.data.metrics["sysid.profile_low.friction"], run.data.metrics["sysid.profile_high.friction"]
     assert low <= identified["ground"]["friction"] <= high
+    assert "sysid.profile_low.motor_speed" not in run.data.metrics  # the search's range, dropped once shot
     assert "sysid.holdout.after.key_frame_error_mm" in run.data.metrics
     assert "sysid.holdout.after.key_frame_error_median_mm" in run.data.metrics  # the typical held-out gait
     latency_ms = round(1000 * identified["pid"]["latency_s"])  # the grid's best at its best motor speed

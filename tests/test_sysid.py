@@ -334,7 +334,7 @@ def test_search_that_stops_short_moves_to_its_profiles_minimum(default_configs) 
 
 
 def test_staged_identification_plans_warm_up_gradient_and_search() -> None:
-    once = {"start_refits": 0}
+    once = {"start_refits": 0, "gait_shooting_iterations": 0}
     moves = PROFILE_MOVES  # each search may move its answer to a profile's minimum
     searched = SysidConfig(iterations=25, warmup_iterations=15, search_generations=15, **once)
     assert planned_steps(searched) == 15 + 15 + moves
@@ -363,7 +363,8 @@ def test_staged_identification_plans_warm_up_gradient_and_search() -> None:
 def test_motor_speed_experiment_kfl_converges_smoother_than_last_step(engine, slow_motor_data, default_configs) -> None:
     """Seed 000 Fig. 12: motor speed 0.5 from engine data, from the nominal 0.99.
 
-    KFL as the stage runs it: Adam lr 0.1 for 40 steps, then CMA-ES on the same (robust) KFL;
+    KFL as the stage runs it up to gait shooting: Adam lr 0.1 for 40 steps, then CMA-ES on the
+    same (robust) KFL;
     last-step: Adam lr 0.1 for 40 steps. KFL's answer is within 2 %. Smoothness measure: the
     total variation of the Adam path over the last half of its steps (sum of |step|): KFL's is
     smaller than last-step's."""
@@ -372,7 +373,12 @@ def test_motor_speed_experiment_kfl_converges_smoother_than_last_step(engine, sl
     recordings = {slow_motor_data.name: slow_motor_data}
     start = Params.from_robot(robot)
     kfl_config = SysidConfig(
-        parameters=("motor_speed",), dt_s=DT, chunk_s=2.0, warmup_iterations=40, search_generations=15
+        parameters=("motor_speed",),
+        dt_s=DT,
+        chunk_s=2.0,
+        warmup_iterations=40,
+        search_generations=15,
+        gait_shooting_iterations=0,
     )
     kfl = identify_staged(make_loss(engine, robot, recordings, gaits, start, kfl_config, 8.0), start, kfl_config)
     assert kfl.values["motor_speed"] == pytest.approx(0.5, rel=0.02)
@@ -659,6 +665,7 @@ def test_staged_identification_refits_the_starts_at_its_estimate(
         search_population=2,
         start_refits=2,
         start_fit_iterations=1,
+        gait_shooting_iterations=0,
     )
     start = Params.from_robot(robot)
     gaits = split_gaits(slow_motor_data, robot, 8.0)
