@@ -2,7 +2,7 @@
 
 Two datasets, each a random policy identified with the stage's defaults (KFL: motor
 speed warmed up by Adam lr 0.1, then motor speed + friction + restitution by CMA-ES on
-the robust KFL, with profile widths; ``configs/pipeline/default.yaml``):
+the robust KFL, then gait-wise multiple shooting of the three; ``configs/pipeline/default.yaml``):
 
 * **engine data**: the engine itself with known parameters (motor speed 0.7,
   friction 0.5, restitution 0.3), end caps at 10 Hz with 2 mm Gaussian noise, cable
@@ -18,8 +18,8 @@ the robust KFL, with profile widths; ``configs/pipeline/default.yaml``):
 
 Anchor, same twin data: MuJoCo's own ``mujoco.sysid`` (``benchmarks.sysid_mujoco``).
 Prints one JSON object (last line). ``--quick``: short trajectories, few steps;
-``--gait-shooting STEPS``: gait-wise multiple shooting after the search
-(``pipeline.sysid.shooting``; off in the default config).
+``--gait-shooting STEPS``: the steps per round of gait-wise multiple shooting after the search
+(``pipeline.sysid.shooting``; 0: off).
 """
 
 from __future__ import annotations

@@ -72,6 +72,26 @@ def test_shooting_moves_friction_toward_the_truth_and_lowers_its_cost(default_co
     assert abs(fit.identification.values["friction"] - TRUE_FRICTION) < 0.5 * abs(0.6 - TRUE_FRICTION)
 
 
+def test_a_window_whose_engine_run_diverges_is_dropped_and_the_rest_still_solve(
+    default_configs, two_recordings, caplog
+) -> None:
+    """One window's settled start is not finite (its settling diverged): the window is dropped,
+    with a warning, and joined to neither neighbour; the others still move friction toward the
+    truth. Without the drop, its NaN residuals made every cost NaN and the answer NaN."""
+    problem, _ = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=6, gait_shooting_restarts=0)
+    broken = 2
+    assert problem.joined[broken - 1] and problem.joined[broken]
+    problem.initial.starts.state.vel[broken] = float("nan")
+    fit = problem.solve()
+    assert fit.dropped_windows == 1 and not problem.kept[broken] and problem.kept.sum() == problem.windows - 1
+    assert not problem.linked[broken - 1] and not problem.linked[broken]
+    assert "gait shooting drops 1 of" in caplog.text
+    history = fit.identification.history
+    assert all(s.kept_fraction == pytest.approx((problem.windows - 1) / problem.windows) for s in history)
+    assert all(np.isfinite(s.loss) for s in history) and np.isfinite(fit.data_cost)
+    assert abs(fit.identification.values["friction"] - TRUE_FRICTION) < 0.5 * abs(0.6 - TRUE_FRICTION)
+
+
 def test_a_restart_shoots_again_from_starts_settled_at_the_answer(default_configs, two_recordings) -> None:
     """With one restart, the second round begins at the first round's answer with the starts
     settled there and unperturbed: its first cost is that of a fresh problem started there."""

@@ -220,11 +220,12 @@ def identify_staged(
     if isinstance(loss_fn, KeyFrameLoss) and shot:
         fit = GaitShooting(loss_fn, ParameterSpace.configured(shot, current, config), config).solve(progress)
         log.info(
-            "sysid: gait shooting %s; data cost %.0f for %d residuals; continuity defects %s",
+            "sysid: gait shooting %s; data cost %.0f for %d residuals; continuity defects %s; %d windows dropped",
             fit.identification.values,
             fit.data_cost,
             fit.residual_count,
             fit.defect_rms,
+            fit.dropped_windows,
         )
         history += _with_every_value(fit.identification.history, current, config.parameters, len(history))
         current, converged = fit.identification.params, fit.identification.converged

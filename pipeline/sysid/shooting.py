@@ -48,7 +48,9 @@ Measured on 60 s of engine data with tracking noise (motor speed 0.7, friction 0
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +77,8 @@ from pipeline.sysid.start_fit import (
 )
 from pipeline.sysid.windows import window_starts
 
+log = logging.getLogger(__name__)
+
 PARAMETER_STEP = 0.05
 """Central-difference step of a parameter, in its scaled coordinate (each side clamped into the
 bounds). The residuals are rough in the parameters at the scale of a tick's contact event: a
@@ -91,6 +95,10 @@ EXPANSIONS = 2
 the cost more: the parameters move in small, consistent steps through the rough residuals."""
 DAMPING_GROWTH = 4.0
 """Damping factor after a step that did not lower the cost (divided by 3 after one that did)."""
+DIVERGED = 1e6
+"""A data residual (in noise units) or continuity defect (in scales) beyond this, or one that is not
+finite, means the engine diverged in the window's run (a main job's iteration 2 had windows whose
+runs overflowed, and one NaN made the whole solve NaN)."""
 PARTS = {
     "pos": (0, 9),
     "rotation": (9, 18),
@@ -112,6 +120,7 @@ class ShootingFit:
     data_cost: float
     residual_count: int
     defect_rms: dict[str, float]
+    dropped_windows: int
 
 
 class GaitShooting:
@@ -120,6 +129,9 @@ class GaitShooting:
 
     ``joined`` (K-1,): whether window ``k + 1`` is the gait after window ``k`` in the same
     recording (windows are in recording and gait order); only those pairs have continuity.
+    ``kept`` (K,): the windows in the problem. One whose run diverged (:data:`DIVERGED`) at the
+    start of a round or while its Jacobian is taken is dropped for the rest of the solve, with a
+    warning: its data residuals and Jacobians are zero and it is joined to neither neighbour.
     ``initial``: the windows' residuals settled at ``space``'s start; ``residuals``: those of the
     round :meth:`solve` is in (settled again at each restart)."""
 
@@ -144,6 +156,7 @@ class GaitShooting:
         self.initial = self.settled_at(space.initial().numpy())
         self.residuals = self.initial
         self.windows = len(gaits)
+        self.kept = np.ones(self.windows, dtype=bool)
         self.order = np.argsort(self.residuals.observed.last_tick.numpy(), kind="stable")
 
     def settled_at(self, theta: np.ndarray) -> StartResiduals:
@@ -166,6 +179,34 @@ class GaitShooting:
             self.config.start_fit_caps_sigma_m,
             self.config.start_fit_cable_sigma_m,
         )
+
+    @property
+    def linked(self) -> np.ndarray:
+        """(K-1,) the pairs with continuity: joined, both windows kept."""
+        return self.joined & self.kept[:-1] & self.kept[1:]
+
+    def drop(self, diverged: np.ndarray) -> None:
+        """Drop the kept windows where ``diverged`` (K,) is true, with a warning."""
+        new = diverged & self.kept
+        if new.any():
+            self.kept &= ~new
+            log.warning(
+                "sysid: gait shooting drops %d of %d windows whose engine run diverged (%d dropped in all)",
+                int(new.sum()),
+                self.windows,
+                int((~self.kept).sum()),
+            )
+
+    def checked(self, z: torch.Tensor, theta: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`evaluate` after dropping the windows whose residuals or end state diverge there."""
+        data, ends = self._run(z, theta)
+        self.drop((_diverged(data) | _diverged(_coordinates(ends))).numpy())
+        return self._masked(data, self._defects(ends, z))
+
+    def _masked(self, data: torch.Tensor, defects: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``data`` (K, R) zero in the dropped windows, ``defects`` (K-1, 48) zero where not linked."""
+        kept, linked = torch.as_tensor(self.kept)[:, None], torch.as_tensor(self.linked)[:, None]
+        return torch.where(kept, data, torch.zeros_like(data)), torch.where(linked, defects, torch.zeros_like(defects))
 
     @property
     def size(self) -> int:
@@ -198,7 +239,14 @@ class GaitShooting:
 
     def evaluate(self, z: torch.Tensor, theta: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Every window's data residuals (K, R) and the continuity defects (K-1, 48) of start
-        perturbations ``z`` (K, 48) and parameters ``theta`` (P,); unjoined pairs' defects are zero."""
+        perturbations ``z`` (K, 48) and parameters ``theta`` (P,); zero in the dropped windows,
+        and for the pairs not linked."""
+        data, ends = self._run(z, theta)
+        return self._masked(data, self._defects(ends, z))
+
+    def _run(self, z: torch.Tensor, theta: np.ndarray) -> tuple[torch.Tensor, State]:
+        """Every window's data residuals (K, R) and end state (K envs) of start perturbations
+        ``z`` (K, 48) and parameters ``theta`` (P,)."""
         params = self._params(theta[None])
         data = torch.zeros(self.windows, 0, dtype=torch.float64)
         ends: list[State | None] = [None] * self.windows
@@ -211,7 +259,7 @@ class GaitShooting:
             data[rows] = res
             for j, row in enumerate(rows):
                 ends[row] = end.index(slice(j, j + 1))
-        return data, self._defects(State.concat(ends), z)
+        return data, State.concat(ends)
 
     def _defects(self, ends: State, z: torch.Tensor) -> torch.Tensor:
         """Continuity defects (K-1, 48): window k's end state minus window k+1's start, zero where
@@ -220,7 +268,7 @@ class GaitShooting:
             return torch.zeros(0, COORDINATES, dtype=torch.float64)
         starts = perturbed(self.residuals.starts.state, z)
         gaps = difference(ends.index(slice(0, self.windows - 1)), starts.index(slice(1, self.windows)))
-        return gaps * torch.as_tensor(self.joined, dtype=gaps.dtype)[:, None]
+        return torch.where(torch.as_tensor(self.joined)[:, None], gaps, torch.zeros_like(gaps))
 
     def jacobians(self, z: torch.Tensor, theta: np.ndarray) -> dict[str, torch.Tensor]:
         """Jacobians: data (K, R, 48) and (K, R, P); continuity defect k in window k's start
@@ -243,6 +291,7 @@ class GaitShooting:
         base: list[torch.Tensor | None] = [None] * self.windows
         ends: list[State | None] = [None] * self.windows
         parameter_steps = torch.as_tensor(np.diag(thetas[ups] - thetas[downs]).copy())[:, None]
+        diverged = np.zeros(self.windows, dtype=bool)
         for first in range(0, self.windows, GAITS_PER_BATCH):
             rows = self.order[first : first + GAITS_PER_BATCH]
             moved = z[np.repeat(rows, per)].clone().reshape(len(rows), per, COORDINATES)
@@ -254,23 +303,28 @@ class GaitShooting:
                 Params(**{n: v[index] for n, v in params.as_dict().items()}),
             )
             res = res.reshape(len(rows), per, -1)
+            diverged[rows] = (_diverged(res) | _diverged(_coordinates(end).reshape(len(rows), -1))).numpy()
             for j, row in enumerate(rows):
                 base[row] = res[j, 0]
                 by_start[row] = ((res[j, 1 : 1 + COORDINATES] - res[j, :1]) / DIFFERENCE_STEP).T
                 by_params[row] = ((res[j, ups] - res[j, downs]) / parameter_steps).T
                 ends[row] = end.index(slice(j * per, (j + 1) * per))
         starts = perturbed(self.residuals.starts.state, z)
+        self.drop(diverged)
+        for row in np.flatnonzero(~self.kept):
+            base[row], by_start[row], by_params[row] = (
+                torch.zeros_like(t) for t in (base[row], by_start[row], by_params[row])
+            )
         zero = torch.zeros(COORDINATES, COORDINATES, dtype=torch.float64)
         defects, cont_start, cont_next, cont_params = [], [], [], []
         for k in range(self.windows - 1):
-            if not self.joined[k]:
+            if not self.linked[k]:
                 defects.append(torch.zeros(COORDINATES, dtype=torch.float64))
                 cont_start += [zero]
                 cont_next += [zero]
                 cont_params.append(torch.zeros(COORDINATES, self.size, dtype=torch.float64))
                 continue
-            following = starts.index(torch.full((per,), k + 1))
-            gaps = difference(ends[k], following)
+            gaps = difference(ends[k], starts.index(torch.full((per,), k + 1)))
             defects.append(gaps[0])
             cont_start.append(((gaps[1 : 1 + COORDINATES] - gaps[:1]) / DIFFERENCE_STEP).T)
             cont_params.append(((gaps[ups] - gaps[downs]) / parameter_steps).T)
@@ -307,7 +361,7 @@ class GaitShooting:
             jz, jp = j["data_start"][k].numpy(), j["data_params"][k].numpy()
             blocks += [(k * n, k * n, jz.T @ jz + PRIOR_WEIGHT**2 * np.eye(n)), (k * n, last, jz.T @ jp)]
             blocks += [(last, k * n, jp.T @ jz), (last, last, jp.T @ jp)]
-        for k in np.flatnonzero(self.joined):
+        for k in np.flatnonzero(self.linked):
             a, b = weight * j["cont_start"][k].numpy(), weight * j["cont_next"][k].numpy()
             p = weight * j["cont_params"][k].numpy()
             here, there = k * n, (k + 1) * n
@@ -336,7 +390,7 @@ class GaitShooting:
             jz, jp, r = j["data_start"][k].numpy(), j["data_params"][k].numpy(), j["data"][k].numpy()
             gradient[k * n : (k + 1) * n] += jz.T @ r + PRIOR_WEIGHT**2 * z[k].numpy()
             gradient[last:] += jp.T @ r
-        for k in np.flatnonzero(self.joined):
+        for k in np.flatnonzero(self.linked):
             r = weight * j["defects"][k].numpy()
             gradient[k * n : (k + 1) * n] += weight * j["cont_start"][k].numpy().T @ r
             gradient[(k + 1) * n : (k + 2) * n] += weight * j["cont_next"][k].numpy().T @ r
@@ -376,11 +430,15 @@ class GaitShooting:
             if order == 0:
                 self.residuals = self.settled_at(theta) if restart else self.initial
                 z = torch.zeros(self.windows, COORDINATES, dtype=torch.float64)
-                data, defects = self.evaluate(z, theta)
+                data, defects = self.checked(z, theta)
             current = self.cost(data, defects, z, theta, weight)
             damping = INITIAL_DAMPING
             for _ in range(self.config.gait_shooting_iterations):
+                dropped = int((~self.kept).sum())
                 jacobians = self.jacobians(z, theta)
+                if (~self.kept).sum() > dropped:  # the cost without the windows dropped there
+                    data, defects = self._masked(data, defects)
+                    current = self.cost(data, defects, z, theta, weight)
                 normal = self.normal(jacobians, theta, weight)
                 gradient = self.gradient(jacobians, z, theta, weight)
                 prior, _ = self.prior(theta)
@@ -390,7 +448,7 @@ class GaitShooting:
                     loss=current / count,
                     unfiltered_loss=float((data**2).sum()) / count,
                     prior=float((prior**2).sum()),
-                    kept_fraction=1.0,
+                    kept_fraction=float(self.kept.mean()),
                     gradient=dict(zip(self.space.names, gradient[z.numel() :].tolist(), strict=True)),
                     lr=damping,
                     wall_s=time.perf_counter() - began,
@@ -409,14 +467,14 @@ class GaitShooting:
                     damping *= DAMPING_GROWTH
                 if not moved:
                     break
-        joined = defects[torch.as_tensor(self.joined)]
+        joined = defects[torch.as_tensor(self.linked)]
         identification = Identification.at(
             self.space, torch.as_tensor(theta), history=history, converged=not moved, wall_s=time.perf_counter() - began
         )
         rms = {}
         for part, (a, b) in PARTS.items():
             rms[part] = float(joined[:, a:b].pow(2).mean().sqrt()) if len(joined) else 0.0
-        return ShootingFit(identification, float((data**2).sum()), self.residuals.count, rms)
+        return ShootingFit(identification, float((data**2).sum()), self.residuals.count, rms, int((~self.kept).sum()))
 
     def _along(
         self, z: torch.Tensor, theta: np.ndarray, dz: torch.Tensor, dtheta: np.ndarray, weight: float, current: float
@@ -429,7 +487,19 @@ class GaitShooting:
             moved_theta = self.project(theta + length * dtheta)
             data, defects = self.evaluate(z + length * dz, moved_theta)
             cost = self.cost(data, defects, z + length * dz, moved_theta, weight)
-            if cost >= (current if best is None else best[0]):
+            if not cost < (current if best is None else best[0]):  # a NaN (diverged) cost is no better
                 break
             best = (cost, z + length * dz, moved_theta, data, defects)
         return best
+
+
+def _diverged(values: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: whether row ``n`` of ``values`` (N, ...) has an entry that is not finite or
+    beyond :data:`DIVERGED`."""
+    flat = values.flatten(1)
+    return ~(torch.isfinite(flat) & (flat.abs() <= DIVERGED)).all(1)
+
+
+def _coordinates(state: State) -> torch.Tensor:
+    """Every field of ``state`` side by side (B, 51), each in its own unit."""
+    return torch.cat([getattr(state, f.name).flatten(1) for f in dataclasses.fields(state)], 1)
