@@ -54,6 +54,10 @@ class State:
     def detach(self) -> State:
         return State(**{f.name: getattr(self, f.name).detach() for f in fields(self)})
 
+    def flat(self) -> torch.Tensor:
+        """Every field side by side (B, 51), each in its own unit."""
+        return torch.cat([getattr(self, f.name).flatten(1) for f in fields(self)], 1)
+
     def index(self, envs: torch.Tensor | slice) -> State:
         """The sub-batch ``envs``."""
         return State(**{f.name: getattr(self, f.name)[envs] for f in fields(self)})

@@ -48,7 +48,6 @@ Measured on 60 s of engine data with tracking noise (motor speed 0.7, friction 0
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -96,9 +95,9 @@ the cost more: the parameters move in small, consistent steps through the rough 
 DAMPING_GROWTH = 4.0
 """Damping factor after a step that did not lower the cost (divided by 3 after one that did)."""
 DIVERGED = 1e6
-"""A data residual (in noise units) or continuity defect (in scales) beyond this, or one that is not
-finite, means the engine diverged in the window's run (a main job's iteration 2 had windows whose
-runs overflowed, and one NaN made the whole solve NaN)."""
+"""A data residual (in noise units) or end-state value (in its SI unit) beyond this, or one that is
+not finite, means the engine diverged in the window's run; one such NaN would make every cost and
+step of the solve NaN."""
 PARTS = {
     "pos": (0, 9),
     "rotation": (9, 18),
@@ -181,6 +180,11 @@ class GaitShooting:
         )
 
     @property
+    def dropped(self) -> int:
+        """Number of windows dropped so far."""
+        return int((~self.kept).sum())
+
+    @property
     def linked(self) -> np.ndarray:
         """(K-1,) the pairs with continuity: joined, both windows kept."""
         return self.joined & self.kept[:-1] & self.kept[1:]
@@ -194,13 +198,13 @@ class GaitShooting:
                 "sysid: gait shooting drops %d of %d windows whose engine run diverged (%d dropped in all)",
                 int(new.sum()),
                 self.windows,
-                int((~self.kept).sum()),
+                self.dropped,
             )
 
     def checked(self, z: torch.Tensor, theta: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`evaluate` after dropping the windows whose residuals or end state diverge there."""
         data, ends = self._run(z, theta)
-        self.drop((_diverged(data) | _diverged(_coordinates(ends))).numpy())
+        self.drop((_diverged(data) | _diverged(ends.flat())).numpy())
         return self._masked(data, self._defects(ends, z))
 
     def _masked(self, data: torch.Tensor, defects: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,7 +307,7 @@ class GaitShooting:
                 Params(**{n: v[index] for n, v in params.as_dict().items()}),
             )
             res = res.reshape(len(rows), per, -1)
-            diverged[rows] = (_diverged(res) | _diverged(_coordinates(end).reshape(len(rows), -1))).numpy()
+            diverged[rows] = (_diverged(res) | _diverged(end.flat().reshape(len(rows), -1))).numpy()
             for j, row in enumerate(rows):
                 base[row] = res[j, 0]
                 by_start[row] = ((res[j, 1 : 1 + COORDINATES] - res[j, :1]) / DIFFERENCE_STEP).T
@@ -434,9 +438,9 @@ class GaitShooting:
             current = self.cost(data, defects, z, theta, weight)
             damping = INITIAL_DAMPING
             for _ in range(self.config.gait_shooting_iterations):
-                dropped = int((~self.kept).sum())
+                dropped = self.dropped
                 jacobians = self.jacobians(z, theta)
-                if (~self.kept).sum() > dropped:  # the cost without the windows dropped there
+                if self.dropped > dropped:  # the cost without the windows dropped there
                     data, defects = self._masked(data, defects)
                     current = self.cost(data, defects, z, theta, weight)
                 normal = self.normal(jacobians, theta, weight)
@@ -474,7 +478,7 @@ class GaitShooting:
         rms = {}
         for part, (a, b) in PARTS.items():
             rms[part] = float(joined[:, a:b].pow(2).mean().sqrt()) if len(joined) else 0.0
-        return ShootingFit(identification, float((data**2).sum()), self.residuals.count, rms, int((~self.kept).sum()))
+        return ShootingFit(identification, float((data**2).sum()), self.residuals.count, rms, self.dropped)
 
     def _along(
         self, z: torch.Tensor, theta: np.ndarray, dz: torch.Tensor, dtheta: np.ndarray, weight: float, current: float
@@ -498,8 +502,3 @@ def _diverged(values: torch.Tensor) -> torch.Tensor:
     beyond :data:`DIVERGED`."""
     flat = values.flatten(1)
     return ~(torch.isfinite(flat) & (flat.abs() <= DIVERGED)).all(1)
-
-
-def _coordinates(state: State) -> torch.Tensor:
-    """Every field of ``state`` side by side (B, 51), each in its own unit."""
-    return torch.cat([getattr(state, f.name).flatten(1) for f in dataclasses.fields(state)], 1)
