@@ -8,10 +8,13 @@ speeds. :meth:`Engine.step` advances all environments by one time step:
 2. tension-only cables with damping between attachment points on the end-cap
    surfaces; passive tendons linear + cubic; gravity;
 3. semi-implicit Euler for velocities (Euler's equations in the body frame);
-4. ground contact on the end-cap and motor spheres: impulses with restitution
+4. contact between rods (capsules of the rod radius between the end-cap centres):
+   speculative, inelastic, frictionless impulses, detached
+   (:mod:`~pipeline.physics.rod_contact`);
+5. ground contact on the end-cap and motor spheres: impulses with restitution
    and Coulomb friction, detached per seed 000 (every rod is actuated), shared
    between a rod's simultaneous contacts (Jacobi);
-5. positions and orientations, then a detached position correction that puts
+6. positions and orientations, then a detached position correction that puts
    penetrating points where the time of impact says they should be.
 
 Shapes: B environments, 3 rods, 6 caps, 9 cables. Units SI.
@@ -29,6 +32,14 @@ from pipeline.control import REST_LENGTH_LIMITS_M, motor_speed_rad_s, rest_lengt
 from pipeline.physics.contact import friction_impulse, normal_impulse, time_of_impact
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
+from pipeline.physics.rod_contact import (
+    PAIR_ROD,
+    ROD_CONTACT_MARGIN_M,
+    ROD_CONTACT_SWEEPS,
+    approach_impulse,
+    closest_points,
+    unit,
+)
 from pipeline.physics.rotations import quat_integrate, quat_to_matrix
 
 
@@ -66,6 +77,12 @@ class State:
     def concat(states: list[State]) -> State:
         """The environments of ``states`` as one batch, in order."""
         return State(**{f.name: torch.cat([getattr(s, f.name) for s in states]) for f in fields(State)})
+
+
+def _may_act(mask: torch.Tensor) -> bool:
+    """Whether a contact pass is needed: ``mask`` has a true entry. Always true inside
+    ``torch.compile`` (one graph with every pass, no data-dependent graph breaks)."""
+    return torch.compiler.is_compiling() or bool(mask.any())
 
 
 def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -204,12 +221,81 @@ class Engine:
         omega = self._to_world(rotations, w_body)
 
         vel, omega, bounce_height = self._ground_contact(params, state, vel, omega, rotations, arms)
+        vel, omega = self._rod_contact(state, vel, omega, rotations)
 
         pos = state.pos + vel * dt
         quat = quat_integrate(state.quat, omega, dt)
         new_rotations = quat_to_matrix(quat)
         pos = pos + self._penetration_correction(pos, new_rotations, bounce_height).detach()
+        pos = pos + self._rod_separation(pos.detach(), new_rotations.detach())
         return State(pos=pos, quat=quat, vel=vel, omega=omega, rest_length=rest, motor_omega=omega_motor)
+
+    def _rod_contact(
+        self, state: State, vel: torch.Tensor, omega: torch.Tensor, rotations: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Impulses between the rods' bars on the free-motion velocities ``vel``, ``omega``
+        (B, 3, 3): each pair's closest points at the step's start, and the least impulse along
+        their normal that keeps the bars from closing more than their gap within the step (the
+        three pairs at once, :data:`~pipeline.physics.rod_contact.ROD_CONTACT_SWEEPS` times while one
+        still closes too fast). Detached: a contact changes the velocities' values, not their gradient."""
+        m = self.model
+        rot, pos = rotations.detach(), state.pos.detach()
+        on_i, on_j = self._bar_closest_points(pos, rot)
+        gap = (on_i - on_j).norm(dim=-1) - 2 * m.robot.rod.radius_m
+        if not _may_act(gap < ROD_CONTACT_MARGIN_M):
+            return vel, omega
+        first, second = PAIR_ROD
+        rods = torch.cat([first, second])
+        normal = unit(on_i - on_j)  # (B, 3 pairs, 3), from the pair's second rod to its first
+        arm_i, arm_j = on_i - pos[:, first], on_j - pos[:, second]
+        arms = torch.cat([arm_i, arm_j], 1)
+        inverse_inertia = 1.0 / m.inertia
+        lever_i = self._to_body(rot[:, first], _cross(arm_i, normal))
+        lever_j = self._to_body(rot[:, second], _cross(arm_j, normal))
+        w = 1.0 / m.mass[first] + 1.0 / m.mass[second]
+        w = w + (lever_i**2 * inverse_inertia).sum(-1) + (lever_j**2 * inverse_inertia).sum(-1)
+        d_vel, d_omega = torch.zeros_like(vel), torch.zeros_like(omega)
+        for _ in range(ROD_CONTACT_SWEEPS):
+            v, o = vel.detach() + d_vel, omega.detach() + d_omega
+            v_n = (
+                (v[:, first] + _cross(o[:, first], arm_i) - v[:, second] - _cross(o[:, second], arm_j)) * normal
+            ).sum(-1)
+            active = gap + v_n * self.dt < 0
+            if not _may_act(active):
+                break
+            impulse = torch.where(active, approach_impulse(gap, v_n, w, self.dt), 0.0)[..., None] * normal
+            on_rods = torch.cat([impulse, -impulse], 1)  # (B, 6, 3): on each pair's first rods, then second
+            zero = torch.zeros_like(vel)
+            d_vel = d_vel + zero.index_add(1, rods, on_rods) / m.mass[:, None]
+            d_angular = zero.index_add(1, rods, _cross(arms, on_rods))
+            d_omega = d_omega + self._to_world(rot, self._to_body(rot, d_angular) * inverse_inertia)
+        return vel + d_vel, omega + d_omega
+
+    def _rod_separation(self, pos: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+        """Translations (B, 3, 3) that move overlapping bars apart along their normal, half each
+        (the speculative impulses leave an overlap where a step turns the rods far); the three pairs
+        at once, again while an overlap is left, at most
+        :data:`~pipeline.physics.rod_contact.ROD_CONTACT_SWEEPS` times."""
+        first, second = PAIR_ROD
+        rods = torch.cat([first, second])
+        moved = pos
+        for _ in range(ROD_CONTACT_SWEEPS):
+            on_i, on_j = self._bar_closest_points(moved, rotations)
+            overlap = (2 * self.model.robot.rod.radius_m - (on_i - on_j).norm(dim=-1)).clamp(min=0.0)
+            if not _may_act(overlap > 0):
+                break
+            shift = 0.5 * overlap[..., None] * unit(on_i - on_j)
+            moved = moved + torch.zeros_like(pos).index_add(1, rods, torch.cat([shift, -shift], 1))
+        return moved - pos
+
+    def _bar_closest_points(self, pos: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The closest points (each (B, 3 pairs, 3)) of the bars (end cap to end cap) of each pair
+        of :data:`~pipeline.physics.rod_contact.PAIR_ROD`, on its first rod and on its second."""
+        half = self.model.robot.rod.length_m / 2
+        axis = rotations[..., 2]  # each rod's z axis in the world (B, 3, 3)
+        starts, spans = pos - half * axis, 2 * half * axis
+        first, second = PAIR_ROD
+        return closest_points(starts[:, first], spans[:, first], starts[:, second], spans[:, second])
 
     def _ground_contact(
         self,
