@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.control import REST_LENGTH_LIMITS_M
 from pipeline.errors import HardwareError
 from pipeline.gaits.symmetry import bottom_face, count_rolls
 from pipeline.hardware.base import FramePacket, GroundTruthPacket, SensorPacket, StartPose
@@ -182,3 +183,16 @@ def test_reset_places_the_robot_at_a_start_pose(twin) -> None:
     truth = [p for p in packets if isinstance(p, GroundTruthPacket)]
     drift = np.linalg.norm(truth[-1].caps_m - placed, axis=-1).max()
     assert drift < 0.005
+
+
+def test_winch_angles_follow_the_cable_wound_and_stop_at_its_limits(twin) -> None:
+    """Motor angles times the winch radius equal the rest length wound in, also once a cable is
+    paid out to its mechanical limit and the motor is still commanded."""
+    twin.reset()
+    rest, angle = twin._rest_length[:6].copy(), twin._motor_rad.copy()
+    for _ in range(4000):  # 4 s of full pay-out: every actuated cable reaches its upper limit
+        twin._physics_step(-np.ones(6))
+    assert twin._rest_length[:6] == pytest.approx(np.full(6, REST_LENGTH_LIMITS_M[1]))
+    wound = (twin._motor_rad - angle) * twin.robot.motor.winch_radius_m
+    np.testing.assert_allclose(wound, rest - twin._rest_length[:6], atol=1e-12)
+    twin.reset()

@@ -111,12 +111,14 @@ class MujocoTwin(Robot):
         omega = motor_speed_rad_s(self.robot.motor.speed, self._omega_max, u)
         if self._motor_lag > 0.0:
             omega = omega + (self._omega_prev - omega) * self._motor_lag
-        self._rest_length[:N_ACTUATED] = np.clip(
-            self._rest_length[:N_ACTUATED]
-            - rest_length_change_m(self._omega_prev, omega, self.robot.motor.winch_radius_m, dt),
+        winch_radius = self.robot.motor.winch_radius_m
+        rest = np.clip(
+            self._rest_length[:N_ACTUATED] - rest_length_change_m(self._omega_prev, omega, winch_radius, dt),
             *REST_LENGTH_LIMITS_M,
         )
-        self._motor_rad += 0.5 * (omega + self._omega_prev) * dt
+        # a winch held at a mechanical limit does not turn: the angle follows the cable actually wound
+        self._motor_rad += (self._rest_length[:N_ACTUATED] - rest) / winch_radius
+        self._rest_length[:N_ACTUATED] = rest
         self._omega_prev = omega
         mujoco.mj_step1(self.model, self.data)
         self._apply_cable_forces()
