@@ -25,7 +25,7 @@ from pipeline.gaits.search import (
 )
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.policies import REST_TARGET
-from tasks.gaits import PUBLISHED, first_reaching, rest_start
+from tasks.gaits import PUBLISHED, best_expansion, rest_start
 
 
 @pytest.fixture(scope="module")
@@ -115,21 +115,32 @@ def test_sharded_exhaustive_search_gives_the_same_gaits(default_configs, default
         assert keys == sorted(keys) and ranked[0] is merged.gaits[objective]
 
 
-def test_policy_repeats_the_best_gait_whose_every_cycle_reaches(default_configs, default_engine) -> None:
-    """The gaits stage expands the first of an objective's ranked gaits whose cycles all reach
-    their targets in the engine; a gait with a shape the cables cannot make is passed over."""
+def test_policy_repeats_the_gait_whose_expansion_does_best(default_configs, default_engine) -> None:
+    """The gaits stage expands every ranked gait of an objective (one batch per length) and
+    repeats the one whose whole policy reaches every target and goes furthest in the engine: a
+    gait with a shape the cables cannot make is passed over, and so is a better-ranked one that
+    reaches but does not roll."""
     engine, params, start = default_engine
     robot = default_configs.robot
     rolling = np.vstack([published_gait("rolling")[:2], REST_TARGET])
     stuck = np.vstack([rolling[:1], np.full((1, 6), 3.0), REST_TARGET])  # cables cannot extend that far
+    wiggle = np.vstack([[0.9, 1, 1, 1, 1, 1], [1, 0.9, 1, 1, 1, 1], REST_TARGET])
 
     def found(targets: np.ndarray) -> FoundGait:
         return FoundGait("forward", targets, 0.3, 0.0, 0.0, 1, 2.0, reached=True)
 
-    rank, targets = first_reaching(engine, params, robot, start, [found(stuck), found(rolling)], 2, 1.0)
-    assert rank == 1
-    np.testing.assert_array_equal(targets, expand_in_engine(engine, params, robot, start, rolling, 2, 1.0))
-    assert first_reaching(engine, params, robot, start, [found(stuck)], 1, 1.0) is None
+    rank, targets, forward_m = best_expansion(
+        engine, params, robot, start, [found(stuck), found(wiggle), found(rolling)], 2, 1.0
+    )
+    assert rank == 2
+    single = expand_in_engine(engine, params, robot, start, rolling, 2, 1.0)
+    np.testing.assert_array_equal(targets, single)
+    alone = simulate_targets(engine, params, robot, start, single, 1.0)
+    assert forward_m == pytest.approx(float(alone.forward_m[0]), abs=1e-6) and forward_m > 0.1
+    batch = expand_in_engine(engine, params, robot, start, np.stack([wiggle, rolling]), 2, 1.0)
+    np.testing.assert_array_equal(batch[0], expand_in_engine(engine, params, robot, start, wiggle, 2, 1.0))
+    np.testing.assert_array_equal(batch[1], single)
+    assert best_expansion(engine, params, robot, start, [found(stuck)], 1, 1.0) is None
 
 
 def test_published_comparison_cycles_end_at_rest() -> None:

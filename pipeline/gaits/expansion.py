@@ -122,12 +122,26 @@ def expand_in_engine(
     environment), says which support triangle the robot is on, and the cycle is the gait
     relabelled by the symmetry that maps the start onto it. So a gait that lands on the other
     kind of support triangle (seed 000: rolling forward there is the backward gait) or on another
-    face keeps its sense."""
+    face keeps its sense.
+
+    ``gait`` may also be (K, n, 6): K gaits of the same length expanded as one batch of K
+    environments (``state`` one environment, or K), each on its own -> (K, cycles * n, 6)."""
+    gaits = np.asarray(gait, dtype=float)
+    batched = gaits.ndim == 3
+    gaits = gaits if batched else gaits[None]
+    if state.batch_size == 1:
+        state = state.repeat(len(gaits))
+    params = params.expand(len(gaits))
     parts = []
     for cycle in range(cycles):
-        symmetry = support_symmetry(robot, engine.cap_positions(state).numpy()[0])
-        targets = relabel(gait, cable_permutation(robot, symmetry, f"cycle {cycle}"))
-        outcome = simulate_targets(engine, params, robot, state, targets, timeout_s, final_hold_s=0.0)
-        state = outcome.final
+        caps = engine.cap_positions(state).numpy()
+        targets = np.stack(
+            [
+                relabel(g, cable_permutation(robot, support_symmetry(robot, c), f"cycle {cycle}"))
+                for g, c in zip(gaits, caps, strict=True)
+            ]
+        )
+        state = simulate_targets(engine, params, robot, state, targets, timeout_s, final_hold_s=0.0).final
         parts.append(targets)
-    return np.concatenate(parts, axis=0)
+    expanded = np.concatenate(parts, axis=1)
+    return expanded if batched else expanded[0]

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -170,11 +170,6 @@ def search_shapes(robot: RobotConfig) -> np.ndarray:
 
 def _index_state(state: State, rows: np.ndarray) -> State:
     return state.index(torch.as_tensor(rows, dtype=torch.long))
-
-
-def _repeat_state(state: State, n: int) -> State:
-    """Each environment repeated ``n`` times, consecutively."""
-    return State(**{f.name: getattr(state, f.name).repeat_interleave(n, dim=0) for f in fields(state)})
 
 
 def _wrap(angle: np.ndarray) -> np.ndarray:
@@ -338,7 +333,7 @@ class GaitSearch:
             self.engine,
             self.params.expand(len(sequences)),
             self.robot,
-            _repeat_state(self.start, len(sequences)),
+            self.start.repeat(len(sequences)),
             targets,
             self.config.transition_timeout_s,
             final_hold_s=self.config.settle_s,

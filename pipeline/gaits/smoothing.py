@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from pipeline.config import RobotConfig
 from pipeline.gaits.outcome import Outcome, simulate_targets
@@ -140,8 +139,7 @@ def _simulate(
     length = max(len(p) for p in policies)
     padded = np.stack([np.vstack([p, np.repeat(p[-1:], length - len(p), axis=0)]) for p in policies])
     batch = len(policies)
-    many = state.index(torch.zeros(batch, dtype=torch.long, device=state.pos.device))
-    return simulate_targets(engine, params.expand(batch), robot, many, padded, timeout_s)
+    return simulate_targets(engine, params.expand(batch), robot, state.repeat(batch), padded, timeout_s)
 
 
 def smooth_validated(

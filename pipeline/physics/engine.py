@@ -73,6 +73,10 @@ class State:
         """The sub-batch ``envs``."""
         return State(**{f.name: getattr(self, f.name)[envs] for f in fields(self)})
 
+    def repeat(self, n: int) -> State:
+        """Each environment repeated ``n`` times, consecutively (batch * n environments)."""
+        return State(**{f.name: getattr(self, f.name).repeat_interleave(n, dim=0) for f in fields(self)})
+
     @staticmethod
     def concat(states: list[State]) -> State:
         """The environments of ``states`` as one batch, in order."""
