@@ -157,8 +157,9 @@ def expanded_policies(
                 len(ranked),
                 cycles,
             )
-            found = 0, expand_in_engine(engine, params, robot, start, ranked[0].targets, cycles, timeout_s), math.nan
-        rank, targets, _ = found
+            rank, targets = 0, expand_in_engine(engine, params, robot, start, ranked[0].targets, cycles, timeout_s)
+        else:
+            rank, targets, _ = found
         out[name] = Expansion(Policy(f"{name}-{objective}", targets), ranked[rank], rank)
     return out
 
