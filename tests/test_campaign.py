@@ -12,19 +12,25 @@ from storage.layout import RunLayout
 from storage.tracking import CAMPAIGN_RUN_TAG, ITERATION_TAG, client_for
 
 
-@pytest.mark.slow
-def test_two_iteration_campaign_narrows_the_gap(tmp_path: Path) -> None:
-    """Default sysid, a depth-3 search, the straight policy from three starts. Both iterations'
-    identified engines beat the uncalibrated one on the redeploy runs, iteration 2 (identified
-    from iteration 1's random run and redeploy runs) is no worse than iteration 1 (5 mm slack
-    for tracking noise), and MLflow holds one run per iteration plus the campaign run."""
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, dict[str, object]]:
+    """Default sysid, a depth-3 search, the straight policy (one cycle) from three starts, two
+    iterations: the campaign's result, its pipeline config and overrides."""
     from flows.campaign import r2s2r_campaign
     from tests.conftest import write_test_pipeline
 
-    config = str(write_test_pipeline(tmp_path, campaign="twoiter", n_targets=24))
+    config = str(write_test_pipeline(tmp_path_factory.mktemp("campaign"), campaign="twoiter", n_targets=24))
     overrides: dict[str, object] = {f"sysid.{k}": v for k, v in SysidConfig().model_dump(mode="json").items()}
     overrides.update({"gaits.search": {"depth": 3, "beam_width": 8}, "redeploy.policies": ["straight"]})
-    result = r2s2r_campaign(config, 2, overrides)
+    return r2s2r_campaign(config, 2, overrides), config, overrides
+
+
+@pytest.mark.slow
+def test_two_iteration_campaign_learns_from_its_redeploy_runs(campaign) -> None:
+    """Iteration 2 identifies from iteration 1's random run and redeploy runs (reusing its
+    attachment overlay), iteration 1's identified engine beats the uncalibrated one on its
+    redeploy runs, and MLflow holds one run per iteration plus the campaign run."""
+    result, config, overrides = campaign
     first, second = result["iterations"]
     assert "attach" in first["stages"] and "attach" not in second["stages"]  # iteration 1's overlay reused
     collected = Path(second["stages"]["collect"]["ref"]["path"])
@@ -32,15 +38,26 @@ def test_two_iteration_campaign_narrows_the_gap(tmp_path: Path) -> None:
     sysid_summary = json.loads((Path(second["stages"]["sysid"]["ref"]["path"]) / "manifest.json").read_text())
     assert sysid_summary["summary"]["recordings"] == 1 + 3
 
-    gaps = [item["headline"] for item in result["iterations"]]
-    for gap in gaps:
-        assert gap["evaluate.gap.after.com_error_m"] < gap["evaluate.gap.before.com_error_m"]
-    assert gaps[1]["evaluate.gap.after.com_error_m"] <= gaps[0]["evaluate.gap.after.com_error_m"] + 0.005
+    gap = first["headline"]
+    assert gap["evaluate.gap.after.com_error_m"] < gap["evaluate.gap.before.com_error_m"]
 
     configs = load_all(config, overrides)
     client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
     runs = client.search_runs([client.get_experiment_by_name("twoiter").experiment_id])
     assert sorted(r.data.tags.get(ITERATION_TAG, "campaign") for r in runs) == ["1", "2", "campaign"]
-    campaign = next(r for r in runs if r.data.tags.get(CAMPAIGN_RUN_TAG) == "1")
-    history = client.get_metric_history(campaign.info.run_id, "evaluate.gap.after.com_error_m")
+    run = next(r for r in runs if r.data.tags.get(CAMPAIGN_RUN_TAG) == "1")
+    history = client.get_metric_history(run.info.run_id, "evaluate.gap.after.com_error_m")
     assert [m.step for m in history] == [1, 2]
+
+
+@pytest.mark.slow
+def test_iteration_two_narrows_the_gap_further(campaign) -> None:
+    """Iteration 2's identified engine beats the uncalibrated one on its redeploy runs and is no
+    worse than iteration 1's (5 mm slack for tracking noise). Measured: final CoM error 0.0184 m
+    uncalibrated, 0.0099 m after iteration 1 and 0.0133 m after iteration 2. This failed while the
+    engine's ground friction acted at the sphere centres (rods could not roll): the engine with the
+    twin's own values rolled the straight gait 0.115 m where the twin rolls 0.315 m, and the
+    uncalibrated engine won by compensating errors (0.0360 against 0.0574 m)."""
+    first, second = (item["headline"] for item in campaign[0]["iterations"])
+    assert second["evaluate.gap.after.com_error_m"] < second["evaluate.gap.before.com_error_m"]
+    assert second["evaluate.gap.after.com_error_m"] <= first["evaluate.gap.after.com_error_m"] + 0.005
