@@ -8,8 +8,8 @@ speeds. :meth:`Engine.step` advances all environments by one time step:
 2. tension-only cables with damping between attachment points on the end-cap
    surfaces; passive tendons linear + cubic; gravity;
 3. semi-implicit Euler for velocities (Euler's equations in the body frame);
-4. contact between rods (capsules of the rod radius between the end-cap centres):
-   speculative, inelastic, frictionless impulses, detached
+4. contact between rods (each three capsules: its bar, and at each end its end cap
+   with its motor): speculative, inelastic, frictionless impulses, detached
    (:mod:`~pipeline.physics.rod_contact`);
 5. ground contact on the end-cap and motor spheres, at each sphere's lowest point
    (so a rod rolls on them without slipping): impulses with restitution and
@@ -34,11 +34,11 @@ from pipeline.physics.contact import friction_impulse, normal_impulse, time_of_i
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
 from pipeline.physics.rod_contact import (
-    PAIR_ROD,
     ROD_CONTACT_MARGIN_M,
     ROD_CONTACT_SWEEPS,
     approach_impulse,
     closest_points,
+    rod_shapes,
     unit,
 )
 from pipeline.physics.rotations import quat_integrate, quat_to_matrix
@@ -141,6 +141,7 @@ class Engine:
         self._contact_rod = model.contact_index // model.local_points.shape[1]
         self._cable_ends = torch.cat([model.cable_a, model.cable_b])
         self._n_points = model.local_points.shape[0] * model.local_points.shape[1]
+        self._shapes = rod_shapes(model.robot, model.dtype, model.device)
 
     # ----------------------------------------------------------------- geometry
     def _points(self, state: State, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,20 +248,22 @@ class Engine:
     def _rod_contact(
         self, state: State, vel: torch.Tensor, omega: torch.Tensor, rotations: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Impulses between the rods' bars on the free-motion velocities ``vel``, ``omega``
-        (B, 3, 3): each pair's closest points at the step's start, and the least impulse along
-        their normal that keeps the bars from closing more than their gap within the step (the
-        three pairs at once, :data:`~pipeline.physics.rod_contact.ROD_CONTACT_SWEEPS` times while one
-        still closes too fast). Detached: a contact changes the velocities' values, not their gradient."""
+        """Impulses between the rods' collision capsules (:func:`~pipeline.physics.rod_contact.rod_shapes`)
+        on the free-motion velocities ``vel``, ``omega`` (B, 3, 3): each pair's closest points at the
+        step's start, and the least impulse along their normal that keeps the capsules from closing
+        more than their gap within the step (all pairs at once,
+        :data:`~pipeline.physics.rod_contact.ROD_CONTACT_SWEEPS` times while one still closes too
+        fast). Detached: a contact changes the velocities' values, not their gradient."""
         m = self.model
+        shapes = self._shapes
         rot, pos = rotations.detach(), state.pos.detach()
-        on_i, on_j = self._bar_closest_points(pos, rot)
-        gap = (on_i - on_j).norm(dim=-1) - 2 * m.robot.rod.radius_m
+        on_i, on_j = self._shape_closest_points(pos, rot)
+        gap = (on_i - on_j).norm(dim=-1) - shapes.reach_m
         if not _may_act(gap < ROD_CONTACT_MARGIN_M):
             return vel, omega
-        first, second = PAIR_ROD
+        first, second = shapes.first, shapes.second
         rods = torch.cat([first, second])
-        normal = unit(on_i - on_j)  # (B, 3 pairs, 3), from the pair's second rod to its first
+        normal = unit(on_i - on_j)  # (B, P, 3), from the pair's second rod to its first
         arm_i, arm_j = on_i - pos[:, first], on_j - pos[:, second]
         arms = torch.cat([arm_i, arm_j], 1)
         inverse_inertia = 1.0 / m.inertia
@@ -278,7 +281,7 @@ class Engine:
             if not _may_act(active):
                 break
             impulse = torch.where(active, approach_impulse(gap, v_n, w, self.dt), 0.0)[..., None] * normal
-            on_rods = torch.cat([impulse, -impulse], 1)  # (B, 6, 3): on each pair's first rods, then second
+            on_rods = torch.cat([impulse, -impulse], 1)  # (B, 2P, 3): on each pair's first rods, then second
             zero = torch.zeros_like(vel)
             d_vel = d_vel + zero.index_add(1, rods, on_rods) / m.mass[:, None]
             d_angular = zero.index_add(1, rods, _cross(arms, on_rods))
@@ -286,30 +289,31 @@ class Engine:
         return vel + d_vel, omega + d_omega
 
     def _rod_separation(self, pos: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-        """Translations (B, 3, 3) that move overlapping bars apart along their normal, half each
-        (the speculative impulses leave an overlap where a step turns the rods far); the three pairs
-        at once, again while an overlap is left, at most
+        """Translations (B, 3, 3) that move overlapping capsules apart along their normal, half each
+        (the speculative impulses leave an overlap where a step turns the rods far); all pairs at
+        once, again while an overlap is left, at most
         :data:`~pipeline.physics.rod_contact.ROD_CONTACT_SWEEPS` times."""
-        first, second = PAIR_ROD
-        rods = torch.cat([first, second])
+        shapes = self._shapes
+        rods = torch.cat([shapes.first, shapes.second])
         moved = pos
         for _ in range(ROD_CONTACT_SWEEPS):
-            on_i, on_j = self._bar_closest_points(moved, rotations)
-            overlap = (2 * self.model.robot.rod.radius_m - (on_i - on_j).norm(dim=-1)).clamp(min=0.0)
+            on_i, on_j = self._shape_closest_points(moved, rotations)
+            overlap = (shapes.reach_m - (on_i - on_j).norm(dim=-1)).clamp(min=0.0)
             if not _may_act(overlap > 0):
                 break
             shift = 0.5 * overlap[..., None] * unit(on_i - on_j)
             moved = moved + torch.zeros_like(pos).index_add(1, rods, torch.cat([shift, -shift], 1))
         return moved - pos
 
-    def _bar_closest_points(self, pos: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The closest points (each (B, 3 pairs, 3)) of the bars (end cap to end cap) of each pair
-        of :data:`~pipeline.physics.rod_contact.PAIR_ROD`, on its first rod and on its second."""
-        half = self.model.robot.rod.length_m / 2
-        axis = rotations[..., 2]  # each rod's z axis in the world (B, 3, 3)
-        starts, spans = pos - half * axis, 2 * half * axis
-        first, second = PAIR_ROD
-        return closest_points(starts[:, first], spans[:, first], starts[:, second], spans[:, second])
+    def _shape_closest_points(self, pos: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The closest points (each (B, P, 3)) of each pair of collision capsules, on its first rod's
+        capsule axis and on its second's."""
+        shapes = self._shapes
+        axis = rotations[..., 2][:, :, None]  # each rod's z axis in the world (B, 3, 1, 3)
+        starts = pos[:, :, None] + shapes.z0_m[:, None] * axis  # (B, 3 rods, S, 3)
+        spans = (shapes.z1_m - shapes.z0_m)[:, None] * axis
+        i, j, a, b = shapes.first, shapes.second, shapes.first_shape, shapes.second_shape
+        return closest_points(starts[:, i, a], spans[:, i, a], starts[:, j, b], spans[:, j, b])
 
     def _ground_contact(
         self,
