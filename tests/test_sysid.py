@@ -255,12 +255,13 @@ def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data
 def test_latency_is_chosen_at_each_candidates_best_motor_speed(default_configs) -> None:
     """Engine data with a 0.06 s latency and motor speed 0.8; the start's motor speed (0.99) is too
     fast. Profiled over motor speed, the grid picks the true latency, at about the true speed, and
-    scores it below the others."""
+    scores it below the others. 24 random targets: with 12, once the rods' end caps and motors
+    collided, the true latency's best speed was the grid's 0.891, not 0.792 (noise on few key frames)."""
     robot = with_latency(default_configs.robot, 0.06)
     config = SysidConfig(parameters=("motor_speed",), dt_s=DT, chunk_s=4.0, mask_filter=False)
     engine = Engine(RobotModel.from_robot(robot), dt=DT)
     truth = Params.from_robot(robot, motor_speed=0.8)
-    data = engine_recording(engine, truth, robot, random_policy(robot, 12, seed=4).targets, caps_noise_m=0.002)
+    data = engine_recording(engine, truth, robot, random_policy(robot, 24, seed=4).targets, caps_noise_m=0.002)
     gaits = split_gaits(data, robot, 8.0)
     grid = (0.0, 0.06, 0.12)
 
