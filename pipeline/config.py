@@ -460,6 +460,17 @@ class GaitSearchConfig(StrictModel):
     validate_top: Annotated[int, Field(ge=1)] = Field(
         default=6, description="Best leaves per objective re-run as whole gaits from the start."
     )
+    pool: Annotated[int, Field(ge=1)] = Field(
+        default=4, description="Leaves re-run per objective: this many times ``validate_top``, the best kept."
+    )
+    ensemble_motor_speed: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=0.05,
+        description="Validation also runs each gait with the motor speed this fraction lower and higher, and "
+        "ranks gaits by their mean score over the ensemble (0: nominal only).",
+    )
+    ensemble_friction: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=0.15, description="... and with the ground friction this fraction lower and higher."
+    )
     shards: Annotated[int, Field(ge=1, le=63)] = Field(
         default=1,
         description="Split the search by its first shape into this many task runs for the task runner to "

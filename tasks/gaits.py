@@ -25,6 +25,7 @@ from prefect import task
 from prefect.context import TaskRunContext
 
 from pipeline.config import LoadedConfigs, RobotConfig, robot_with_overlay
+from pipeline.gaits.ensemble import ensemble_mean, ensemble_outcome, ensemble_params
 from pipeline.gaits.expansion import expand_in_engine
 from pipeline.gaits.outcome import Outcome, simulate_targets
 from pipeline.gaits.published import published_gait
@@ -99,12 +100,14 @@ def best_expansion(
     ranked: list[FoundGait],
     cycles: int,
     timeout_s: float,
+    ensemble: Params | None = None,
 ) -> tuple[int, np.ndarray, float] | None:
     """Of ``ranked`` (one objective's gaits), the one whose ``cycles``-cycle expansion does best in
     the engine from ``start`` (one environment; ``timeout_s`` per target): its rank, expansion
-    (cycles * n, 6) and the whole policy's score on the objective
-    (:func:`~pipeline.gaits.search.objective_score`: m or rad), among those whose whole policy
-    reaches every target; None if none does.
+    (cycles * n, 6) and the whole policy's mean score on the objective
+    (:func:`~pipeline.gaits.search.objective_score`: m or rad) over the parameter sets of
+    ``ensemble`` (:func:`~pipeline.gaits.ensemble.ensemble_params`; None: ``params`` alone),
+    among those whose whole policy reaches every target with ``params``; None if none does.
 
     Every candidate is expanded and run (gaits of one length as one batch), because the best
     single cycle need not repeat well: in a main job's iteration 1 the best forward gait
@@ -117,11 +120,11 @@ def best_expansion(
         ranks = [r for r, g in enumerate(ranked) if len(g.targets) == length]
         gaits = np.stack([ranked[r].targets for r in ranks])
         policies = expand_in_engine(engine, params, robot, start, gaits, cycles, timeout_s)
-        outcome = simulate_targets(
-            engine, params.expand(len(ranks)), robot, start.repeat(len(ranks)), policies, timeout_s
-        )
+        outcome = ensemble_outcome(engine, params if ensemble is None else ensemble, robot, start, policies, timeout_s)
+        scores = objective_score(ranked[0].objective, outcome.forward_m, outcome.rotation_rad)
+        means = ensemble_mean(scores, len(ranks))
         for row, rank in enumerate(ranks):
-            score = float(objective_score(ranked[rank].objective, outcome.forward_m[row], outcome.rotation_rad[row]))
+            score = float(means[row])
             if outcome.reached[row] and (best is None or (score, -rank) > (best[2], -best[0])):
                 best = rank, policies[row], score
     return best
@@ -144,11 +147,12 @@ def expanded_policies(
     If none reaches, the best single cycle (with a warning)."""
     c = configs.pipeline.gaits
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
+    ensemble = ensemble_params(params, c.search.ensemble_motor_speed, c.search.ensemble_friction)
     plans = {"straight": ("forward", c.straight_cycles), "turning": (c.turn, c.turn_cycles)}
     out = {}
     for name, (objective, cycles) in plans.items():
         ranked = candidates[objective]
-        found = best_expansion(engine, params, robot, start, ranked, cycles, timeout_s)
+        found = best_expansion(engine, params, robot, start, ranked, cycles, timeout_s, ensemble)
         if found is None:
             log.warning(
                 "%s policy: no %s gait of %d reaches every target over %d cycles in the engine; using the best",

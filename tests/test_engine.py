@@ -251,6 +251,41 @@ def test_float32_runs(default_configs) -> None:
     assert state.pos.dtype == torch.float32 and torch.isfinite(state.pos).all()
 
 
+def test_rods_roll_on_their_spheres_without_slipping(engine, default_configs) -> None:
+    """Three rods lying side by side along y, on their end-cap and motor spheres (radius r), cables
+    slack. Rolling without slipping (v = omega r) keeps rolling: friction acts at the touching
+    lowest point of each sphere, which does not move. A rod thrown sliding without spin ends up
+    rolling at v0 / (1 + I_axial / (m r^2)) (angular momentum about the ground line is kept)."""
+    robot = default_configs.robot
+    model = engine.model
+    radius = robot.end_cap.radius_m
+    assert robot.motor.radius_m == radius  # the rod lies level on all four spheres
+    half = robot.rod.length_m / 2
+    caps = np.zeros((6, 3))
+    for rod, (a, b) in enumerate(robot.topology.rods):
+        caps[a] = [0.06 * rod, -half, radius]
+        caps[b] = [0.06 * rod, half, radius]
+    params = Params.from_robot(robot, batch=2, passive_rest_length=0.5)
+    state = state_from_caps(engine, params, caps)
+    v0 = 0.5
+    vel = torch.zeros(2, 3, 3, dtype=torch.float64)
+    vel[..., 0] = v0
+    omega = torch.zeros(2, 3, 3, dtype=torch.float64)
+    omega[0, :, 1] = v0 / radius  # environment 0 rolls; environment 1 slides without spin
+    state = state.replace(vel=vel, omega=omega, rest_length=torch.full((2, 6), 0.4, dtype=torch.float64))
+    zero = torch.zeros(2, 6, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(round(0.4 / engine.dt)):
+            state = engine.step(params, state, zero)
+    lengths = engine.cable_lengths(state)
+    assert float(lengths[:, :6].max()) < 0.4 and float(lengths[:, 6:].max()) < 0.5  # every cable slack
+    rolling = v0 / (1 + float(model.inertia[2]) / (float(model.mass[0]) * radius**2))
+    np.testing.assert_allclose(state.vel[0, :, 0].numpy(), v0, rtol=0.02)
+    np.testing.assert_allclose(state.vel[1, :, 0].numpy(), rolling, rtol=0.03)
+    np.testing.assert_allclose(state.omega[1, :, 1].numpy() * radius, rolling, rtol=0.03)
+    np.testing.assert_allclose(state.pos[..., 2].numpy(), radius, atol=1e-3)  # still lying level
+
+
 def test_engine_with_twin_parameters_tracks_the_twin(default_configs) -> None:
     """One rolling cycle and a random policy, as one engine batch of two. Tolerance: final
     centroid error <= max(0.3 rod lengths, 25 % of the distance the twin travelled), and the same

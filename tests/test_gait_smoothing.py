@@ -105,14 +105,15 @@ def engine_setup(default_configs):
 
 def test_validated_smoothing_never_fails(engine_setup) -> None:
     """Three reversed rolling cycles with resets, the gait that rolls from this start in the
-    engine (measured: the unsmoothed policy ends 0.219 m back on face 2, the smoothed one
-    0.200 m back on face 2, rotations -0.22 and -0.05 rad). Both shortcuts survive, and a
-    fresh run of the smoothed policy agrees with the unsmoothed one."""
+    engine (measured: the unsmoothed policy ends 0.242 m back on face 2, turned -0.21 rad). Each
+    shortcut alone agrees with it (0.228 m back, 0.08 and -0.09 rad), both together do not
+    (0.13 rad, 0.34 rad off): only the first is kept, and a fresh run of the smoothed policy
+    agrees with the unsmoothed one."""
     engine, params, robot, state = engine_setup
     targets = expand(reversed_gait(published_rolling(), robot), 3)
     tolerance = Tolerance(forward_m=0.05, rotation_rad=0.3)
     smoothed, kept = smooth_validated(engine, params, robot, state, targets, 8.0, tolerance)
-    assert [s.removed for s in kept] == [(2,), (5,)]
+    assert [s.removed for s in kept] == [(2,)]
     np.testing.assert_array_equal(smoothed, apply(targets, kept))
     batch = 2
     start = state.index(torch.zeros(batch, dtype=torch.long))

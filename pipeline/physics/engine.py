@@ -8,11 +8,12 @@ speeds. :meth:`Engine.step` advances all environments by one time step:
 2. tension-only cables with damping between attachment points on the end-cap
    surfaces; passive tendons linear + cubic; gravity;
 3. semi-implicit Euler for velocities (Euler's equations in the body frame);
-4. contact between rods (capsules of the rod radius between the end-cap centres):
-   speculative, inelastic, frictionless impulses, detached
+4. contact between rods (each three capsules: its bar, and at each end its end cap
+   with its motor): speculative, inelastic, frictionless impulses, detached
    (:mod:`~pipeline.physics.rod_contact`);
-5. ground contact on the end-cap and motor spheres: impulses with restitution
-   and Coulomb friction, detached per seed 000 (every rod is actuated), shared
+5. ground contact on the end-cap and motor spheres, at each sphere's lowest point
+   (so a rod rolls on them without slipping): impulses with restitution and
+   Coulomb friction, detached per seed 000 (every rod is actuated), shared
    between a rod's simultaneous contacts (Jacobi);
 6. positions and orientations, then a detached position correction that puts
    penetrating points where the time of impact says they should be.
@@ -33,11 +34,11 @@ from pipeline.physics.contact import friction_impulse, normal_impulse, time_of_i
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
 from pipeline.physics.rod_contact import (
-    PAIR_ROD,
     ROD_CONTACT_MARGIN_M,
     ROD_CONTACT_SWEEPS,
     approach_impulse,
     closest_points,
+    rod_shapes,
     unit,
 )
 from pipeline.physics.rotations import quat_integrate, quat_to_matrix
@@ -89,6 +90,16 @@ def _may_act(mask: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or bool(mask.any())
 
 
+def _symmetric_inverse(k: torch.Tensor) -> torch.Tensor:
+    """Inverses of symmetric invertible 3x3 matrices ``k`` (..., 3, 3), from their cofactors
+    (elementwise: no batched LU for matrices this small)."""
+    a, b, c, d, e, f = k[..., 0, 0], k[..., 0, 1], k[..., 0, 2], k[..., 1, 1], k[..., 1, 2], k[..., 2, 2]
+    ca, cb, cc = d * f - e * e, c * e - b * f, b * e - c * d
+    cd, ce, cf = a * f - c * c, b * c - a * e, a * d - b * b
+    det = a * ca + b * cb + c * cc
+    return torch.stack([ca, cb, cc, cb, cd, ce, cc, ce, cf], -1).reshape(k.shape) / det[..., None, None]
+
+
 def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Cross product on the last axis, broadcasting (faster than linalg.cross for many small vectors)."""
     a0, a1, a2 = a.unbind(-1)
@@ -130,7 +141,7 @@ class Engine:
         self._contact_rod = model.contact_index // model.local_points.shape[1]
         self._cable_ends = torch.cat([model.cable_a, model.cable_b])
         self._n_points = model.local_points.shape[0] * model.local_points.shape[1]
-        self._inverse_k_body = self._contact_inverse_mass_body()
+        self._shapes = rod_shapes(model.robot, model.dtype, model.device)
 
     # ----------------------------------------------------------------- geometry
     def _points(self, state: State, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,20 +248,22 @@ class Engine:
     def _rod_contact(
         self, state: State, vel: torch.Tensor, omega: torch.Tensor, rotations: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Impulses between the rods' bars on the free-motion velocities ``vel``, ``omega``
-        (B, 3, 3): each pair's closest points at the step's start, and the least impulse along
-        their normal that keeps the bars from closing more than their gap within the step (the
-        three pairs at once, :data:`~pipeline.physics.rod_contact.ROD_CONTACT_SWEEPS` times while one
-        still closes too fast). Detached: a contact changes the velocities' values, not their gradient."""
+        """Impulses between the rods' collision capsules (:func:`~pipeline.physics.rod_contact.rod_shapes`)
+        on the free-motion velocities ``vel``, ``omega`` (B, 3, 3): each pair's closest points at the
+        step's start, and the least impulse along their normal that keeps the capsules from closing
+        more than their gap within the step (all pairs at once,
+        :data:`~pipeline.physics.rod_contact.ROD_CONTACT_SWEEPS` times while one still closes too
+        fast). Detached: a contact changes the velocities' values, not their gradient."""
         m = self.model
+        shapes = self._shapes
         rot, pos = rotations.detach(), state.pos.detach()
-        on_i, on_j = self._bar_closest_points(pos, rot)
-        gap = (on_i - on_j).norm(dim=-1) - 2 * m.robot.rod.radius_m
+        on_i, on_j = self._shape_closest_points(pos, rot)
+        gap = (on_i - on_j).norm(dim=-1) - shapes.reach_m
         if not _may_act(gap < ROD_CONTACT_MARGIN_M):
             return vel, omega
-        first, second = PAIR_ROD
+        first, second = shapes.first, shapes.second
         rods = torch.cat([first, second])
-        normal = unit(on_i - on_j)  # (B, 3 pairs, 3), from the pair's second rod to its first
+        normal = unit(on_i - on_j)  # (B, P, 3), from the pair's second rod to its first
         arm_i, arm_j = on_i - pos[:, first], on_j - pos[:, second]
         arms = torch.cat([arm_i, arm_j], 1)
         inverse_inertia = 1.0 / m.inertia
@@ -268,7 +281,7 @@ class Engine:
             if not _may_act(active):
                 break
             impulse = torch.where(active, approach_impulse(gap, v_n, w, self.dt), 0.0)[..., None] * normal
-            on_rods = torch.cat([impulse, -impulse], 1)  # (B, 6, 3): on each pair's first rods, then second
+            on_rods = torch.cat([impulse, -impulse], 1)  # (B, 2P, 3): on each pair's first rods, then second
             zero = torch.zeros_like(vel)
             d_vel = d_vel + zero.index_add(1, rods, on_rods) / m.mass[:, None]
             d_angular = zero.index_add(1, rods, _cross(arms, on_rods))
@@ -276,30 +289,31 @@ class Engine:
         return vel + d_vel, omega + d_omega
 
     def _rod_separation(self, pos: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-        """Translations (B, 3, 3) that move overlapping bars apart along their normal, half each
-        (the speculative impulses leave an overlap where a step turns the rods far); the three pairs
-        at once, again while an overlap is left, at most
+        """Translations (B, 3, 3) that move overlapping capsules apart along their normal, half each
+        (the speculative impulses leave an overlap where a step turns the rods far); all pairs at
+        once, again while an overlap is left, at most
         :data:`~pipeline.physics.rod_contact.ROD_CONTACT_SWEEPS` times."""
-        first, second = PAIR_ROD
-        rods = torch.cat([first, second])
+        shapes = self._shapes
+        rods = torch.cat([shapes.first, shapes.second])
         moved = pos
         for _ in range(ROD_CONTACT_SWEEPS):
-            on_i, on_j = self._bar_closest_points(moved, rotations)
-            overlap = (2 * self.model.robot.rod.radius_m - (on_i - on_j).norm(dim=-1)).clamp(min=0.0)
+            on_i, on_j = self._shape_closest_points(moved, rotations)
+            overlap = (shapes.reach_m - (on_i - on_j).norm(dim=-1)).clamp(min=0.0)
             if not _may_act(overlap > 0):
                 break
             shift = 0.5 * overlap[..., None] * unit(on_i - on_j)
             moved = moved + torch.zeros_like(pos).index_add(1, rods, torch.cat([shift, -shift], 1))
         return moved - pos
 
-    def _bar_closest_points(self, pos: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The closest points (each (B, 3 pairs, 3)) of the bars (end cap to end cap) of each pair
-        of :data:`~pipeline.physics.rod_contact.PAIR_ROD`, on its first rod and on its second."""
-        half = self.model.robot.rod.length_m / 2
-        axis = rotations[..., 2]  # each rod's z axis in the world (B, 3, 3)
-        starts, spans = pos - half * axis, 2 * half * axis
-        first, second = PAIR_ROD
-        return closest_points(starts[:, first], spans[:, first], starts[:, second], spans[:, second])
+    def _shape_closest_points(self, pos: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The closest points (each (B, P, 3)) of each pair of collision capsules, on its first rod's
+        capsule axis and on its second's."""
+        shapes = self._shapes
+        axis = rotations[..., 2][:, :, None]  # each rod's z axis in the world (B, 3, 1, 3)
+        starts = pos[:, :, None] + shapes.z0_m[:, None] * axis  # (B, 3 rods, S, 3)
+        spans = (shapes.z1_m - shapes.z0_m)[:, None] * axis
+        i, j, a, b = shapes.first, shapes.second, shapes.first_shape, shapes.second_shape
+        return closest_points(starts[:, i, a], spans[:, i, a], starts[:, j, b], spans[:, j, b])
 
     def _ground_contact(
         self,
@@ -321,23 +335,25 @@ class Engine:
         flat_arms = arms.reshape(batch, -1, 3)
         arm = flat_arms[:, m.contact_index]
         rods = self._contact_rod
-        point = state.pos[:, rods] + arm
-        v_point = vel[:, rods] + _cross(omega[:, rods], arm)
-        gap = point[..., 2] - m.contact_radius
+        radius = m.contact_radius[:, None]
+        lever = torch.cat([arm[..., :2], arm[..., 2:] - radius], -1)  # rod centre to the touching lowest point
+        v_point = vel[:, rods] + _cross(omega[:, rods], lever)
+        gap = state.pos[:, rods, 2] + arm[..., 2] - m.contact_radius
         v_n = v_point[..., 2]
         active = gap + v_n * dt < 0
         inv_mass = 1.0 / m.mass[rods]
         inv_inertia = 1.0 / m.inertia
         rot = rotations[:, rods].detach()
         normal_body = rot[..., 2, :]  # R^T z: the world z axis in each rod's frame
-        lever_n = _cross(self._contact_local, normal_body)
+        local = self._contact_local - radius * normal_body  # the touching point in the rod's frame
+        lever_n = _cross(self._contact_local, normal_body)  # the radius along the normal adds no lever
         w_n = inv_mass + (lever_n * lever_n * inv_inertia).sum(-1)
         share = 1.0 / torch.matmul(active.to(arm.dtype), m.contact_incidence).clamp(min=1.0)[:, rods]
         e = params.restitution[:, None].expand_as(gap)
         j_n = normal_impulse(v_n, w_n, e, active, detach=True, bounce_speed=self.bounce_speed)
         v_t = torch.stack([v_point[..., 0], v_point[..., 1], torch.zeros_like(v_n)], dim=-1)
         t_world = v_t.detach() / (v_t.detach().norm(dim=-1, keepdim=True) + 1e-12)
-        lever_t = _cross(self._contact_local, self._to_body(rot, t_world))
+        lever_t = _cross(local.detach(), self._to_body(rot, t_world))
         w_t = inv_mass + (lever_t * lever_t * inv_inertia).sum(-1)
         mu = params.friction[:, None].expand_as(gap)
         friction = friction_impulse(v_t, w_t, mu, j_n, detach=True)
@@ -345,10 +361,12 @@ class Engine:
         impulse = impulse * (share * active)[..., None]
         bouncing = active & (v_n < -self.bounce_speed)
         target_v_n = torch.where(bouncing, -params.restitution[:, None] * v_n, 0.0).detach()
-        arm_fixed, rot_fixed = arms.detach(), rotations.detach()
+        lever_fixed, rot_fixed = lever.detach(), rotations.detach()
+        zero = torch.zeros(batch, 3, 3, dtype=arm.dtype, device=arm.device)
 
         def apply(contact_impulse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            d_momentum, d_angular = self._rod_sums(arm_fixed, contact_impulse, m.contact_index)
+            d_momentum = zero.index_add(1, rods, contact_impulse)
+            d_angular = zero.index_add(1, rods, _cross(lever_fixed, contact_impulse))
             d_omega = self._to_world(rot_fixed, self._to_body(rot_fixed, d_angular) / m.inertia)
             return vel + d_momentum / m.mass[:, None], omega + d_omega
 
@@ -356,11 +374,12 @@ class Engine:
             with torch.no_grad():
                 target = torch.stack([torch.zeros_like(target_v_n), torch.zeros_like(target_v_n), target_v_n], -1)
                 relax = share[..., None]
+                inverse_k = self._contact_inverse_mass_body(local)
                 accumulated = impulse.detach().clone()
                 for _ in range(self.contact_iterations):
                     v_new, w_new = apply(accumulated)
-                    residual = target - (v_new[:, rods] + _cross(w_new[:, rods], arm))
-                    correction = self._to_world(rot, self._to_world(self._inverse_k_body, self._to_body(rot, residual)))
+                    residual = target - (v_new[:, rods] + _cross(w_new[:, rods], lever_fixed))
+                    correction = self._to_world(rot, self._to_world(inverse_k, self._to_body(rot, residual)))
                     accumulated = accumulated + relax * correction
                     normal = accumulated[..., 2].clamp(min=0.0)
                     tangential = accumulated[..., :2]
@@ -373,18 +392,17 @@ class Engine:
         bounce_height = torch.where(bouncing, -params.restitution[:, None] * v_n.detach() * (1 - toi) * dt, 0.0)
         return vel, omega, bounce_height
 
-    def _contact_inverse_mass_body(self) -> torch.Tensor:
-        """Inverse of each contact point's effective inverse-mass matrix in its rod's frame
-        (P, 3, 3), K = I/m - [l]x diag(1/I) [l]x; constant because the points are body-fixed.
+    def _contact_inverse_mass_body(self, local: torch.Tensor) -> torch.Tensor:
+        """Inverse of each contact's effective inverse-mass matrix in its rod's frame (B, P, 3, 3),
+        K = I/m - [l]x diag(1/I) [l]x, for touching points ``local`` (B, P, 3) in the rods' frames.
         In the world, K_world^-1 = R K^-1 R^T."""
         m = self.model
-        local = self._contact_local
         zero = torch.zeros_like(local[..., 0])
         x, y, z = local.unbind(-1)
-        skew = torch.stack([zero, -z, y, z, zero, -x, -y, x, zero], -1).reshape(-1, 3, 3)
+        skew = torch.stack([zero, -z, y, z, zero, -x, -y, x, zero], -1).reshape(*local.shape[:-1], 3, 3)
         eye = torch.eye(3, dtype=local.dtype, device=local.device)
         k = eye / m.mass[self._contact_rod][:, None, None] - skew @ torch.diag(1.0 / m.inertia) @ skew
-        return torch.linalg.inv(k)
+        return _symmetric_inverse(k)
 
     def _penetration_correction(
         self, pos: torch.Tensor, rotations: torch.Tensor, target_height: torch.Tensor

@@ -1,27 +1,76 @@
-"""Contact between rods: closest points of their bars and a speculative, inelastic impulse.
+"""Contact between rods: closest points of their collision capsules and a speculative, inelastic impulse.
 
-The engine's rods are capsules of the rod radius between their end-cap centres. Without
-contact between them, rods pass through each other: the gait search then finds motions
-that fold the prism through itself (a turning gait of the main job did, and on the twin,
-whose rods collide as the hardware's do, the robot jammed flat and timed out every later
-target). A contact is speculative (as the ground's is): it acts once the pair's gap would
-close within the step at its current approach speed, so a fast rod cannot tunnel through a
-thin one between two steps.
+Each rod collides as three capsules along its axis (:func:`rod_shapes`): its bar (the rod radius,
+end cap to end cap) and, at each end, one of the end cap's radius that holds the end-cap sphere
+and the motor cylinder. Without contact between them, rods pass through each other and the gait
+search uses it: a turning gait of a main job folded the prism through its bars, and once the rods
+could roll on the ground, a straight gait pushed the end caps and motors of two rods 23 mm into each
+other. On the twin, whose rods collide as the hardware's do, the robot jammed and timed out. A
+contact is speculative (as the ground's is): it acts once a pair's gap would close within the step
+at its current approach speed, so a fast rod cannot tunnel through a thin one between two steps.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-PAIR_ROD = (torch.tensor([0, 0, 1]), torch.tensor([1, 2, 2]))
-"""Each rod pair's first and second rod."""
+from pipeline.config import RobotConfig
+
+ROD_PAIRS = ((0, 1), (0, 2), (1, 2))
+"""The pairs of rods that can touch."""
 ROD_CONTACT_SWEEPS = 4
-"""Most passes over the three pairs per step (Jacobi): rods touching two others at once share
+"""Most passes over the pairs per step (Jacobi): rods touching others at several points share
 their corrections."""
 ROD_CONTACT_MARGIN_M = 0.02
-"""Bars farther apart than this (m, beyond touching) in every pair of every environment skip the
-contact computation for the step: no rod closes 2 cm in one step of a few milliseconds."""
+"""Capsules farther apart than this (m, beyond touching) in every pair of every environment skip
+the contact computation for the step: no rod closes 2 cm in one step of a few milliseconds."""
 _EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class RodShapes:
+    """The rods' collision capsules (the same on every rod) and the pairs that can touch.
+
+    ``z0_m``, ``z1_m`` (S,): each capsule's segment ends on the rod's axis (body z, m);
+    ``radius_m`` (S,); per pair of capsules of two different rods, ``first``/``second`` (P,)
+    the rods, ``first_shape``/``second_shape`` (P,) the capsules and ``reach_m`` (P,) the sum of
+    their radii (their axes' distance at touching).
+    """
+
+    z0_m: torch.Tensor
+    z1_m: torch.Tensor
+    radius_m: torch.Tensor
+    first: torch.Tensor
+    second: torch.Tensor
+    first_shape: torch.Tensor
+    second_shape: torch.Tensor
+    reach_m: torch.Tensor
+
+
+def rod_shapes(robot: RobotConfig, dtype: torch.dtype, device: torch.device | str) -> RodShapes:
+    """``robot``'s rods as three capsules each: the bar (rod radius, end cap to end cap), and at each
+    end one of the larger of the end-cap and motor radii, from the end-cap centre to where its
+    rounded end meets the motor cylinder's inner face."""
+    half = robot.rod.length_m / 2
+    fat = max(robot.end_cap.radius_m, robot.motor.radius_m)
+    inner = min(robot.motor.offset_m - robot.motor.length_m / 2 + fat, half)
+    z0, z1, radius = [-half, -half, inner], [half, -inner, half], [robot.rod.radius_m, fat, fat]
+    n = len(radius)
+    pairs = [(i, j, a, b) for i, j in ROD_PAIRS for a in range(n) for b in range(n)]
+    first, second, first_shape, second_shape = (torch.tensor(c, device=device) for c in zip(*pairs, strict=True))
+    t = torch.tensor(radius, dtype=dtype, device=device)
+    return RodShapes(
+        z0_m=torch.tensor(z0, dtype=dtype, device=device),
+        z1_m=torch.tensor(z1, dtype=dtype, device=device),
+        radius_m=t,
+        first=first,
+        second=second,
+        first_shape=first_shape,
+        second_shape=second_shape,
+        reach_m=t[first_shape] + t[second_shape],
+    )
 
 
 def closest_points(
