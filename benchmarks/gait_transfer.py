@@ -96,7 +96,9 @@ def main() -> None:
     policies = {name: gait_policy(configs.robot, name, 1) for name in PUBLISHED_GAITS}
     for path in args.policy:
         recorded = json.loads(path.read_text())
-        policies[path.parent.name] = Policy(name=recorded["name"], targets=np.asarray(recorded["targets"], float))
+        key = path.parent.name  # a redeploy run's folder; a repeated name gets its position
+        key = key if key not in policies else f"{key}-{len(policies)}"
+        policies[key] = Policy(name=recorded["name"], targets=np.asarray(recorded["targets"], float))
     result: dict[str, object] = {"engine_dt_s": args.dt, "twin_wall_s": 0.0, "engine_wall_s": 0.0}
     for latency_s in (configs.twin.control_latency_s, 0.0):
         start = time.perf_counter()
