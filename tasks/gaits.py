@@ -3,7 +3,8 @@
 :func:`run_gaits` builds the engine on the robot config with the attachment and
 sysid overlays, searches the best forward, backward, ccw and cw gaits from rest on
 face 0 (:mod:`pipeline.gaits.search`), scores the published Tribar gaits in the same
-engine for comparison, expands the found gaits by symmetry into a straight policy
+engine for comparison (nominal, and their means over the search's parameter ensemble, as the
+found gaits are ranked), expands the found gaits by symmetry into a straight policy
 (forward cycles) and a turning policy, smooths their transitions
 (re-validated in the engine) and simulates both. It writes ``gaits.json`` (gaits,
 published comparison, search figures), ``policies.json`` (the expanded policies the
@@ -47,7 +48,7 @@ from tasks.sysid import sysid_robot
 log = logging.getLogger(__name__)
 
 STAGE = "gaits"
-STAGE_VERSION = "3"
+STAGE_VERSION = "4"
 GAITS_FILE = "gaits.json"
 POLICIES_FILE = "policies.json"
 TABLE_FILE = "gaits.parquet"
@@ -203,10 +204,16 @@ def run_gaits(
     result = merge_results(shard_results)
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
 
+    ensemble = ensemble_params(params, c.search.ensemble_motor_speed, c.search.ensemble_friction)
     published = {}
     for name, targets in PUBLISHED.items():
-        outcome = simulate_targets(engine, params, robot, start, targets, timeout_s, c.search.settle_s)
-        published[name] = {"targets": targets.tolist(), **_figures(outcome)}
+        outcome = ensemble_outcome(engine, ensemble, robot, start, targets[None], timeout_s, c.search.settle_s)
+        published[name] = {
+            "targets": targets.tolist(),
+            **_figures(outcome),
+            "ensemble_forward_m": float(outcome.forward_m.mean()),
+            "ensemble_rotation_deg": math.degrees(float(outcome.rotation_rad.mean())),
+        }
 
     policies = {}
     tolerance = Tolerance(c.smoothing_tolerance_m, math.radians(c.smoothing_tolerance_deg))
@@ -246,6 +253,7 @@ def run_gaits(
 
 
 def _gait_json(gait: FoundGait) -> dict[str, object]:
+    rotation_rad = gait.ensemble_rotation_rad
     return {
         "targets": gait.targets.tolist(),
         "forward_m": gait.forward_m,
@@ -254,15 +262,18 @@ def _gait_json(gait: FoundGait) -> dict[str, object]:
         "face_steps": gait.face_steps,
         "duration_s": gait.duration_s,
         "reached": gait.reached,
+        "ensemble_forward_m": gait.ensemble_forward_m,
+        "ensemble_rotation_deg": None if rotation_rad is None else math.degrees(rotation_rad),
     }
 
 
 def gait_table(found: dict[str, FoundGait], published: dict[str, dict]) -> pa.Table:
     """One row per gait, found and published: forward and lateral displacement (m), rotation
-    (deg) and face steps per cycle, simulated in the same engine."""
+    (deg) and face steps per cycle, simulated in the same engine, and the mean forward
+    displacement and rotation over the parameter ensemble."""
     entries = [("found", k, _gait_json(g)) for k, g in found.items()]
     entries += [("published", k, p) for k, p in published.items()]
-    columns = ["forward_m", "lateral_m", "rotation_deg", "face_steps"]
+    columns = ["forward_m", "lateral_m", "rotation_deg", "face_steps", "ensemble_forward_m", "ensemble_rotation_deg"]
     table = {"source": [e[0] for e in entries], "gait": [e[1] for e in entries]}
     table.update({c: [e[2][c] for e in entries] for c in columns})
     return pa.table(table)
@@ -279,8 +290,8 @@ def _summary(found: dict[str, FoundGait], published: dict, policies: dict, searc
         summary[f"{objective}.forward_m"] = gait.forward_m
         summary[f"{objective}.rotation_deg"] = math.degrees(gait.rotation_rad)
     for name, figures in published.items():
-        summary[f"published.{name}.forward_m"] = figures["forward_m"]
-        summary[f"published.{name}.rotation_deg"] = figures["rotation_deg"]
+        for figure in ("forward_m", "rotation_deg", "ensemble_forward_m", "ensemble_rotation_deg"):
+            summary[f"published.{name}.{figure}"] = figures[figure]
     for name, policy in policies.items():
         summary[f"policy.{name}.forward_m"] = policy["simulated"]["forward_m"]
         summary[f"policy.{name}.rotation_deg"] = policy["simulated"]["rotation_deg"]

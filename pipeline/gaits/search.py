@@ -69,8 +69,9 @@ class FoundGait:
     """A gait from the search: ``targets`` (n, 6) ending at the rest shape, for face 0; its
     validated ``forward_m`` (m along the start heading), ``lateral_m`` (m), ``rotation_rad`` (ccw
     positive), ``face_steps`` (forward face changes per cycle, mod 3), ``duration_s`` (s),
-    whether it ``reached`` every target, and ``ensemble_score`` its objective's mean score over the
-    validation's parameter ensemble (:mod:`pipeline.gaits.ensemble`; None: not validated in one)."""
+    whether it ``reached`` every target, and ``ensemble_forward_m`` (m) and ``ensemble_rotation_rad``
+    its mean forward displacement and rotation over the validation's parameter ensemble
+    (:mod:`pipeline.gaits.ensemble`; None: not validated in one)."""
 
     objective: str
     targets: np.ndarray
@@ -80,15 +81,18 @@ class FoundGait:
     face_steps: int
     duration_s: float
     reached: bool
-    ensemble_score: float | None = None
+    ensemble_forward_m: float | None = None
+    ensemble_rotation_rad: float | None = None
 
     def score(self) -> float:
         """The objective's value of the validated figures (m or rad)."""
         return objective_score(self.objective, self.forward_m, self.rotation_rad)
 
     def ranking_score(self) -> float:
-        """What the ranking compares: the ensemble's mean score, else the nominal one."""
-        return self.score() if self.ensemble_score is None else self.ensemble_score
+        """What the ranking compares: the objective's score of the ensemble's means, else the nominal one."""
+        if self.ensemble_forward_m is None or self.ensemble_rotation_rad is None:
+            return self.score()
+        return objective_score(self.objective, self.ensemble_forward_m, self.ensemble_rotation_rad)
 
 
 @dataclass
@@ -351,17 +355,27 @@ class GaitSearch:
             final_hold_s=self.config.settle_s,
         )
         stats.validated = len(sequences)
+        forward_m = ensemble_mean(outcome.forward_m, len(sequences))
+        rotation_rad = ensemble_mean(outcome.rotation_rad, len(sequences))
         found = {}
         for objective in OBJECTIVES:
-            means = ensemble_mean(objective_score(objective, outcome.forward_m, outcome.rotation_rad), len(sequences))
-            gaits = (self._found(objective, sequences, outcome, row, means[row]) for row in range(len(sequences)))
+            gaits = (
+                self._found(objective, sequences, outcome, row, (forward_m[row], rotation_rad[row]))
+                for row in range(len(sequences))
+            )
             found[objective] = sorted(gaits, key=_rank_key)[: self.config.validate_top]
         return found
 
     def _found(
-        self, objective: str, sequences: list[tuple[int, ...]], outcome: Outcome, row: int, ensemble_score: float
+        self,
+        objective: str,
+        sequences: list[tuple[int, ...]],
+        outcome: Outcome,
+        row: int,
+        ensemble_means: tuple[float, float],
     ) -> FoundGait:
-        """Sequence ``row``'s gait with the nominal figures (the ensemble's first rows) of ``outcome``."""
+        """Sequence ``row``'s gait with the nominal figures (the ensemble's first rows) of ``outcome``
+        and its ``ensemble_means`` (forward m, rotation rad)."""
         finished = np.flatnonzero(outcome.trace.finished[row].numpy())
         end_s = float(outcome.trace.t_s[finished[0]]) if len(finished) else float(outcome.trace.t_s[-1])
         return FoundGait(
@@ -373,7 +387,8 @@ class GaitSearch:
             face_steps=int(outcome.faces_changed[row]),
             duration_s=end_s - self.config.settle_s,
             reached=bool(outcome.reached[row]),
-            ensemble_score=float(ensemble_score),
+            ensemble_forward_m=float(ensemble_means[0]),
+            ensemble_rotation_rad=float(ensemble_means[1]),
         )
 
 
