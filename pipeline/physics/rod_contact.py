@@ -24,8 +24,9 @@ ROD_CONTACT_SWEEPS = 4
 """Most passes over the pairs per step (Jacobi): rods touching others at several points share
 their corrections."""
 ROD_CONTACT_MARGIN_M = 0.02
-"""Capsules farther apart than this (m, beyond touching) in every pair of every environment skip
-the contact computation for the step: no rod closes 2 cm in one step of a few milliseconds."""
+"""Pairs of capsules farther apart than this (m, beyond touching) at a step's start skip the
+contact and separation computations for the step: no rod closes 2 cm in one step of a few
+milliseconds. On random cable commands, 10 % of the pairs were nearer."""
 _EPS = 1e-12
 
 
