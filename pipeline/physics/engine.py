@@ -464,8 +464,9 @@ def compiled_step() -> Callable[[Engine, Params, State, torch.Tensor], State]:
     """``torch.compile`` of :meth:`Engine.advance`, made once per process and shared by every
     engine (the model's tensors are inputs, so a new engine or batch size does not compile
     again; a new time step, dtype or other float setting does). Compiling took 40-55 s on two
-    cores with an empty inductor cache; the compiled step was 4.3 / 2.0 / 1.8 times faster than
+    cores with an empty inductor cache; the compiled step was 3.1 / 2.0 / 1.9 times faster than
     the eager one at 64 / 1024 / 4096 environments (``python -m benchmarks.engine --compile``).
+    The rod contact's sweeps run eagerly between its graphs (:meth:`Engine._rod_contact`).
     Without gradients only: a compiled forward+backward ran about 60 times slower than the eager one."""
     return torch.compile(Engine.advance)
 
