@@ -73,13 +73,14 @@ def rest_start(engine: Engine, params: Params, robot: RobotConfig) -> State:
     return settle(engine, params, state_from_caps(engine, params, caps), robot.pid, torch.ones(6), duration_s=1.0)
 
 
-def _figures(outcome: Outcome, row: int = 0) -> dict[str, float]:
+def _figures(outcome: Outcome) -> dict[str, float]:
+    """The figures of ``outcome``'s first row (the nominal parameters' in an ensemble's outcome)."""
     return {
-        "forward_m": float(outcome.forward_m[row]),
-        "lateral_m": float(outcome.lateral_m[row]),
-        "rotation_deg": math.degrees(float(outcome.rotation_rad[row])),
-        "face_steps": int(outcome.faces_changed[row]),
-        "reached": bool(outcome.reached[row]),
+        "forward_m": float(outcome.forward_m[0]),
+        "lateral_m": float(outcome.lateral_m[0]),
+        "rotation_deg": math.degrees(float(outcome.rotation_rad[0])),
+        "face_steps": int(outcome.faces_changed[0]),
+        "reached": bool(outcome.reached[0]),
     }
 
 
