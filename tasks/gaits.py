@@ -212,8 +212,8 @@ def run_gaits(
         published[name] = {
             "targets": targets.tolist(),
             **_figures(outcome),
-            "ensemble_forward_m": float(outcome.forward_m.mean()),
-            "ensemble_rotation_deg": math.degrees(float(outcome.rotation_rad.mean())),
+            "ensemble_forward_m": float(ensemble_mean(outcome.forward_m, 1)[0]),
+            "ensemble_rotation_deg": math.degrees(float(ensemble_mean(outcome.rotation_rad, 1)[0])),
         }
 
     policies = {}

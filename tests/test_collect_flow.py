@@ -207,6 +207,9 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     found = json.loads((gaits_dir / "gaits.json").read_text())["found"]
     assert found["ccw"]["rotation_deg"] >= found["cw"]["rotation_deg"]  # depth 2 here: whatever turns most
     assert found["forward"]["forward_m"] > found["backward"]["forward_m"]
+    table = pq.read_table(gaits_dir / "gaits.parquet").to_pandas()  # ensemble means of found and published gaits
+    assert set(table["source"]) == {"found", "published"}
+    assert table[["ensemble_forward_m", "ensemble_rotation_deg"]].notna().all().all()
     assert "gaits.forward.forward_m" in run.data.metrics and "gaits.search_simulated" in run.data.metrics
     redeploy_dir = Path(first["stages"]["redeploy"]["ref"]["path"])
     runs = sorted(p.name for p in redeploy_dir.iterdir() if (p / "tracked.parquet").is_file())
