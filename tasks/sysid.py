@@ -52,7 +52,7 @@ from tasks.caching import stage_cache_key
 from tasks.track import TRACKED_FILE, recording_folders
 
 STAGE = "sysid"
-STAGE_VERSION = "5"
+STAGE_VERSION = "6"
 OVERLAY_FILE = "identified.yaml"
 MJCF_FILE = "identified.xml"
 HISTORY_FILE = "history.parquet"

@@ -649,6 +649,54 @@ def test_fitted_starts_carry_the_lead_ins_and_lower_the_key_frame_error(engine, 
     assert scored_errors[1] < 0.9 * scored_errors[0]
 
 
+def test_gaits_that_do_not_start_the_recording_begin_with_a_lead_in(engine, default_configs) -> None:
+    """Held-out gaits are a recording's last ones: the robot is moving where the first of them
+    starts, so that chunk starts with a lead-in like every later one. Only a chunk that starts at
+    the recording's first sample (the robot at rest) has none."""
+    robot = default_configs.robot
+    truth = Params.from_robot(robot)
+    data = engine_recording(engine, truth, robot, random_policy(robot, 8, seed=2).targets)
+    gaits = split_gaits(data, robot, 8.0)
+    config = SysidConfig(parameters=("friction",), dt_s=DT, chunk_s=1.0)
+    whole = KeyFrameLoss(engine, robot, {data.name: data}, gaits, truth, config)
+    later = KeyFrameLoss(engine, robot, {data.name: data}, gaits[3:], truth, config)
+    assert not whole.lead_in[0] and whole.lead_in[1:].all()
+    assert later.chunks[0][0] is gaits[3] and later.lead_in.all()
+    short = losses.plan_chunks({data.name: data}, gaits, chunk_s=0.05)  # shorter than any gait
+    assert len(short[0]) == 1 and all(len(c) == 2 for c in short[1:-1]) and 1 <= len(short[-1]) <= 2
+
+
+def test_replay_runs_the_gait_before_the_held_out_ones_as_their_lead_in(
+    engine, slow_motor_data, default_configs, monkeypatch
+) -> None:
+    """The robot is moving where the held-out gaits start: the replay runs the gait before them
+    first, as the first chunk's lead-in, so every held-out gait of that chunk is scored from where
+    the lead-in ends, and the open loop starts there too. One held-out gait is enough."""
+    import pipeline.sysid.validate as validate
+
+    robot = default_configs.robot
+    config = SysidConfig(dt_s=DT, chunk_s=2.0, start_fit_iterations=0)
+    gaits = split_gaits(slow_motor_data, robot, 8.0)
+    seen = []
+
+    class Spied(KeyFrameLoss):
+        def with_fitted_starts(self, params: Params) -> KeyFrameLoss:
+            fitted = super().with_fitted_starts(params)
+            seen.append((self, fitted))
+            return fitted
+
+    monkeypatch.setattr(validate, "KeyFrameLoss", Spied)
+    truth = Params.from_robot(robot, motor_speed=0.5)
+    for held in (gaits[-3:], gaits[-1:]):
+        seen.clear()
+        score = replay(engine, truth, robot, slow_motor_data, held, config, 8.0)
+        [(observed, fitted)] = seen
+        assert observed.lead_in[0] and observed.chunks[0][0].index == held[0].index - 1
+        assert fitted.chunks[0][0].index == held[0].index and fitted.scored.all()
+        assert fitted.starts.t_s[0] == held[0].start_s
+        assert score.gaits == len(held) and np.isfinite(score.final_com_error_m)
+
+
 def test_staged_identification_refits_the_starts_at_its_estimate(
     engine, slow_motor_data, default_configs, monkeypatch
 ) -> None:

@@ -108,10 +108,11 @@ class KeyFrameLoss:
     observation (settled once with ``params0``). Inside a chunk the engine carries its own state
     from gait to gait, as the robot does, but the gradient is detached at every gait change: each
     key frame's gradient comes from its own gait only. A settled start has no velocity, which the
-    robot mid-way through a trajectory has; so the first gait of a chunk that does not start the
-    recording is a lead-in: run, but not scored. :meth:`with_fitted_starts` fits those chunks'
-    starts, velocity included, to the data of their lead-ins and starts the chunks where the
-    lead-ins end.
+    robot mid-way through a trajectory has; so the first gait of a chunk that does not start at the
+    recording's first sample (where the robot is at rest) is a lead-in: run, but not scored. That
+    holds for the first of the given gaits too, when earlier ones are not given (held-out gaits).
+    :meth:`with_fitted_starts` fits those chunks' starts, velocity included, to the data of their
+    lead-ins and starts the chunks where the lead-ins end.
     """
 
     name = "kfl"
@@ -130,8 +131,9 @@ class KeyFrameLoss:
         self.engine, self.robot, self.config, self.recordings = engine, robot, config, recordings
         self.tick_s = 1.0 / robot.pid.control_rate_hz
         chunks = plan_chunks(recordings, gaits, config.chunk_s)
-        firsts = {g.recording: g for g in reversed(gaits)}
-        self._use_chunks(chunks, np.array([chunk[0] is not firsts[chunk[0].recording] for chunk in chunks]))
+        self._use_chunks(
+            chunks, np.array([chunk[0].start_s > recordings[chunk[0].recording].t_s[0] for chunk in chunks])
+        )
         starts = [(recordings[chunk[0].recording], chunk[0].start_s) for chunk in chunks]
         self.starts = window_starts(engine, params0, robot, starts, config.settle_s)
         self.observed = self
@@ -336,7 +338,9 @@ def plan_chunks(recordings: dict[str, Recording], gaits: list[Gait], chunk_s: fl
     """Consecutive gaits of each recording grouped into chunks of about ``chunk_s`` (s) of data.
 
     A chunk is closed at the gait boundary, among those after 60-100 % of ``chunk_s``,
-    where the tracked end caps move slowest, so the next chunk starts close to rest.
+    where the tracked end caps move slowest, so the next chunk starts close to rest. A chunk
+    that does not start at the recording's first sample holds at least two gaits (where there
+    are): its first is a lead-in, which alone would score nothing.
     """
     chunks: list[list[Gait]] = []
     for name in sorted({g.recording for g in gaits}):
@@ -344,6 +348,7 @@ def plan_chunks(recordings: dict[str, Recording], gaits: list[Gait], chunk_s: fl
         recording = recordings[name]
         first = 0
         while first < len(own):
+            least = 1 if own[first].start_s <= recording.t_s[0] else 2
             elapsed = np.cumsum([g.duration_s for g in own[first:]])
             candidates = np.flatnonzero((elapsed >= 0.6 * chunk_s) & (elapsed <= chunk_s))
             if elapsed[-1] <= chunk_s:
@@ -353,6 +358,7 @@ def plan_chunks(recordings: dict[str, Recording], gaits: list[Gait], chunk_s: fl
             else:
                 speeds = [_cap_speed(recording, own[first + k].end_s) for k in candidates]
                 cut = int(candidates[int(np.argmin(speeds))]) + 1
+            cut = min(len(elapsed), max(least, cut))
             chunks.append(own[first : first + cut])
             first += cut
     return chunks

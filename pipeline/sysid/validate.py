@@ -6,10 +6,15 @@ Two replays of the same held-out gaits of a recording:
   lead-in chunks' starts fitted with the replayed parameters and carried through the
   lead-ins, own timing, no mask filter); the end-cap displacement error at every key
   frame;
-* open loop: all held-out gaits in one rollout from the observation at the first
-  one's start, as a policy would be executed; at the end (each execution at the end
-  of its own last gait) the centre-of-mass error (m and % of rod length), the heading
-  error (deg) and each rod's centre error.
+* open loop: all held-out gaits in one rollout from the first chunk's start, as a policy
+  would be executed; at the end (each execution at the end of its own last gait) the
+  centre-of-mass error (m and % of rod length), the heading error (deg) and each rod's
+  centre error.
+
+Held-out gaits are a recording's last ones, so the robot is moving where they start. Unless
+they start the recording, the gait before them (fitted, not held out) is run first as the
+first chunk's lead-in: its start is fitted to its data, and the held-out gaits start where it
+ends, moving as the data did.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from pipeline.config import RobotConfig, SysidConfig
 from pipeline.physics.engine import Engine
 from pipeline.physics.params import Params
 from pipeline.robot_model import heading_rad
-from pipeline.sysid.data import Gait, Recording
+from pipeline.sysid.data import Gait, Recording, split_gaits
 from pipeline.sysid.losses import KeyFrameLoss
-from pipeline.sysid.windows import run_windows, window_starts
+from pipeline.sysid.windows import WindowStarts, run_windows
 
 
 @dataclass(frozen=True)
@@ -76,11 +81,17 @@ def replay(
     config: SysidConfig,
     segment_timeout_s: float,
 ) -> Replay:
-    """Score ``params`` (one environment) on ``gaits`` (consecutive, of ``recording``)."""
+    """Score ``params`` (one environment) on ``gaits`` (consecutive, of ``recording``; recorded
+    with segment timeout ``segment_timeout_s``)."""
     if not gaits:
         raise ValueError(f"recording '{recording.name}': no held-out gaits to replay")
     keyframes = KeyFrameLoss(
-        engine, robot, {recording.name: recording}, gaits, params, config.model_copy(update={"mask_filter": False})
+        engine,
+        robot,
+        {recording.name: recording},
+        _with_lead_in(recording, robot, gaits, segment_timeout_s),
+        params,
+        config.model_copy(update={"mask_filter": False}),
     ).with_fitted_starts(params)
     with torch.no_grad():
         scored = keyframes(params)
@@ -88,7 +99,8 @@ def replay(
     rods = np.array(robot.topology.rods)
     per_rod = np.array([cap_errors[:, list(pair)].mean() for pair in rods])
 
-    starts = window_starts(engine, params, robot, [(recording, gaits[0].start_s)], config.settle_s)
+    first = keyframes.starts
+    starts = WindowStarts(first.state.index(slice(0, 1)), first.caps_m[:1], first.data_caps_m[:1], first.t_s[:1])
     targets = torch.tensor(np.stack([g.target for g in gaits]))[None]
     with torch.no_grad():
         trace, finished_s = run_windows(
@@ -114,6 +126,15 @@ def replay(
         engine_caps_m=engine_caps,
         data_caps_m=recording.caps_m[inside],
     )
+
+
+def _with_lead_in(recording: Recording, robot: RobotConfig, gaits: list[Gait], segment_timeout_s: float) -> list[Gait]:
+    """``gaits`` with the recording's gait before the first of them in front (the lead-in), unless
+    they start the recording."""
+    if gaits[0].start_s <= recording.t_s[0]:
+        return gaits
+    earlier = [g for g in split_gaits(recording, robot, segment_timeout_s) if g.index < gaits[0].index]
+    return [earlier[-1], *gaits]
 
 
 def split_holdout(gaits: list[Gait], fraction: float) -> tuple[list[Gait], list[Gait]]:
