@@ -649,7 +649,8 @@ def test_fitted_starts_carry_the_lead_ins_and_lower_the_key_frame_error(engine, 
 def test_gaits_that_do_not_start_the_recording_begin_with_a_lead_in(engine, default_configs) -> None:
     """Held-out gaits are a recording's last ones: the robot is moving where the first of them
     starts, so that chunk starts with a lead-in like every later one. Only a chunk that starts at
-    the recording's first sample (the robot at rest) has none."""
+    the recording's first sample (the robot at rest) has none. A ``lead`` gait heads the first
+    chunk, so that the first of the gaits is scored, even where every chunk is one gait long."""
     robot = default_configs.robot
     truth = Params.from_robot(robot)
     data = engine_recording(engine, truth, robot, random_policy(robot, 8, seed=2).targets)
@@ -659,8 +660,10 @@ def test_gaits_that_do_not_start_the_recording_begin_with_a_lead_in(engine, defa
     later = KeyFrameLoss(engine, robot, {data.name: data}, gaits[3:], truth, config)
     assert not whole.lead_in[0] and whole.lead_in[1:].all()
     assert later.chunks[0][0] is gaits[3] and later.lead_in.all()
-    short = losses.plan_chunks({data.name: data}, gaits, chunk_s=0.05)  # shorter than any gait
-    assert len(short[0]) == 1 and all(len(c) == 2 for c in short[1:-1]) and 1 <= len(short[-1]) <= 2
+    short = {"chunk_s": 0.05}  # shorter than any gait: one gait per chunk
+    led = KeyFrameLoss(engine, robot, {data.name: data}, gaits[3:], truth, config.model_copy(update=short), gaits[2])
+    assert [len(c) for c in led.chunks[:2]] == [2, 1] and led.chunks[0][0] is gaits[2] and led.chunks[0][1] is gaits[3]
+    assert led.lead_in.all() and not led.scored[0] and led.scored[1]
 
 
 def test_replay_runs_the_gait_before_the_held_out_ones_as_their_lead_in(

@@ -110,9 +110,10 @@ class KeyFrameLoss:
     key frame's gradient comes from its own gait only. A settled start has no velocity, which the
     robot mid-way through a trajectory has; so the first gait of a chunk that does not start at the
     recording's first sample (where the robot is at rest) is a lead-in: run, but not scored. That
-    holds for the first of the given gaits too, when earlier ones are not given (held-out gaits).
-    :meth:`with_fitted_starts` fits those chunks' starts, velocity included, to the data of their
-    lead-ins and starts the chunks where the lead-ins end.
+    holds for the first of the given gaits too, when earlier ones are not given (held-out gaits);
+    ``lead``, the gait before them, is then run first in their chunk as its lead-in, so that the
+    first of them is scored as well. :meth:`with_fitted_starts` fits the lead-in chunks' starts,
+    velocity included, to the data of their lead-ins and starts the chunks where the lead-ins end.
     """
 
     name = "kfl"
@@ -125,12 +126,16 @@ class KeyFrameLoss:
         gaits: list[Gait],
         params0: Params,
         config: SysidConfig,
+        lead: Gait | None = None,
     ) -> None:
         if not gaits:
             raise ValueError("the Key Frame Loss needs at least one gait")
         self.engine, self.robot, self.config, self.recordings = engine, robot, config, recordings
         self.tick_s = 1.0 / robot.pid.control_rate_hz
         chunks = plan_chunks(recordings, gaits, config.chunk_s)
+        if lead is not None:
+            k = next(i for i, chunk in enumerate(chunks) if chunk[0].recording == lead.recording)
+            chunks[k] = [lead, *chunks[k]]
         self._use_chunks(
             chunks, np.array([chunk[0].start_s > recordings[chunk[0].recording].t_s[0] for chunk in chunks])
         )
@@ -338,9 +343,7 @@ def plan_chunks(recordings: dict[str, Recording], gaits: list[Gait], chunk_s: fl
     """Consecutive gaits of each recording grouped into chunks of about ``chunk_s`` (s) of data.
 
     A chunk is closed at the gait boundary, among those after 60-100 % of ``chunk_s``,
-    where the tracked end caps move slowest, so the next chunk starts close to rest. A chunk
-    that does not start at the recording's first sample holds at least two gaits (where there
-    are): its first is a lead-in, which alone would score nothing.
+    where the tracked end caps move slowest, so the next chunk starts close to rest.
     """
     chunks: list[list[Gait]] = []
     for name in sorted({g.recording for g in gaits}):
@@ -348,7 +351,6 @@ def plan_chunks(recordings: dict[str, Recording], gaits: list[Gait], chunk_s: fl
         recording = recordings[name]
         first = 0
         while first < len(own):
-            least = 1 if own[first].start_s <= recording.t_s[0] else 2
             elapsed = np.cumsum([g.duration_s for g in own[first:]])
             candidates = np.flatnonzero((elapsed >= 0.6 * chunk_s) & (elapsed <= chunk_s))
             if elapsed[-1] <= chunk_s:
@@ -358,7 +360,6 @@ def plan_chunks(recordings: dict[str, Recording], gaits: list[Gait], chunk_s: fl
             else:
                 speeds = [_cap_speed(recording, own[first + k].end_s) for k in candidates]
                 cut = int(candidates[int(np.argmin(speeds))]) + 1
-            cut = min(len(elapsed), max(least, cut))
             chunks.append(own[first : first + cut])
             first += cut
     return chunks

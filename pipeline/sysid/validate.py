@@ -89,9 +89,10 @@ def replay(
         engine,
         robot,
         {recording.name: recording},
-        _with_lead_in(recording, robot, gaits, segment_timeout_s),
+        gaits,
         params,
         config.model_copy(update={"mask_filter": False}),
+        lead=_lead_in(recording, robot, gaits, segment_timeout_s),
     ).with_fitted_starts(params)
     with torch.no_grad():
         scored = keyframes(params)
@@ -128,13 +129,12 @@ def replay(
     )
 
 
-def _with_lead_in(recording: Recording, robot: RobotConfig, gaits: list[Gait], segment_timeout_s: float) -> list[Gait]:
-    """``gaits`` with the recording's gait before the first of them in front (the lead-in), unless
-    they start the recording."""
+def _lead_in(recording: Recording, robot: RobotConfig, gaits: list[Gait], segment_timeout_s: float) -> Gait | None:
+    """The recording's gait before the first of ``gaits`` (their lead-in), None where they start
+    the recording."""
     if gaits[0].start_s <= recording.t_s[0]:
-        return gaits
-    earlier = [g for g in split_gaits(recording, robot, segment_timeout_s) if g.index < gaits[0].index]
-    return [earlier[-1], *gaits]
+        return None
+    return [g for g in split_gaits(recording, robot, segment_timeout_s) if g.index < gaits[0].index][-1]
 
 
 def split_holdout(gaits: list[Gait], fraction: float) -> tuple[list[Gait], list[Gait]]:
