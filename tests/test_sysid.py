@@ -484,8 +484,8 @@ def test_replay_scores_the_true_engine_better(engine, slow_motor_data, default_c
     "speed 5 % off, and the mean over about ten held-out key frames is carried by the few where one model tips "
     "a rod over and the other does not. On this test's data: 16.4 -> 22.6 mm (motor 0.867, friction 0.473, "
     "restitution 0.056, latency 0.06 s); the twin's own values give 13.2 mm (-20 %). benchmarks.sysid_floor "
-    "--seeds 0 1 2 --identify: identified -38 / -43 / -29 %, the twin's values +39 / -47 / -34 %; with gait "
-    "shooting off +44 / -9 / -52 %. No known engine parameters halve it on every trajectory",
+    "--seeds 0 1 2 --identify: identified -38 / -44 / -36 %, the twin's values +39 / -56 / -33 %; with gait "
+    "shooting off (b4f16dc) +44 / -9 / -52 %. No known engine parameters halve it on every trajectory",
 )
 def test_sysid_on_the_twin_halves_the_held_out_key_frame_error(tmp_path) -> None:
     """One tracked random-policy trajectory on the twin through the flow (collect, track, attach,
