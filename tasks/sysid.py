@@ -314,16 +314,22 @@ def truth_holdout(configs: LoadedConfigs, data: SysidData, before_mm: float) -> 
     mean key-frame error, mm). What the engine does with the twin's truth: the reference for
     the identified values, since the twin differs in what the engine cannot express (per-motor
     speeds, soft contact, sensor biases)."""
-    twin = configs.twin
-    attachment = data.robot.attachment.model_copy(update={"phase_rad": twin.attachment_phase_rad})
-    robot = with_latency(data.robot.model_copy(update={"attachment": attachment}), twin.control_latency_s)
-    replays = replay_held_out(configs, data, robot, twin_true_params(robot, twin))
+    replays = replay_held_out(configs, data, *truth_engine(configs, data))
     out = mean_replay_metrics(replays, "holdout.truth.")
     if replays:
         out["holdout.truth.key_frame_error_reduction_pct"] = reduction_pct(
             before_mm, out["holdout.truth.key_frame_error_mm"]
         )
     return out
+
+
+def truth_engine(configs: LoadedConfigs, data: SysidData) -> tuple[RobotConfig, Params]:
+    """Evaluation only (the twin): the robot config with the twin's true attachment points and
+    control latency, and the twin's own values in the engine's parameters (one environment)."""
+    twin = configs.twin
+    attachment = data.robot.attachment.model_copy(update={"phase_rad": twin.attachment_phase_rad})
+    robot = with_latency(data.robot.model_copy(update={"attachment": attachment}), twin.control_latency_s)
+    return robot, twin_true_params(robot, twin)
 
 
 def truth_errors(configs: LoadedConfigs, values: dict[str, float]) -> dict[str, float]:
