@@ -46,6 +46,7 @@ from flows.iteration import r2s2r_iteration
 from pipeline.config import LoadedConfigs, RobotConfig, load_all
 from pipeline.physics import Params
 from storage.layout import Ref, read_manifest
+from tasks.gaits import identified_robot
 from tasks.sysid import (
     SysidData,
     mean_replay_metrics,
@@ -54,7 +55,6 @@ from tasks.sysid import (
     sysid_data,
     truth_engine,
     truth_holdout,
-    with_latency,
 )
 
 FIGURES = ("key_frame_error_mm", "key_frame_error_median_mm")
@@ -98,18 +98,18 @@ def seed_figures(
     out["truth_reduction_pct"] = truth["holdout.truth.key_frame_error_reduction_pct"]
     engines = {"before": (data.robot, Params.from_robot(data.robot)), "truth": truth_engine(configs, data)}
     if identify:
-        stage = read_manifest(Ref.from_json(summary["stages"]["sysid"]["ref"]))["summary"]
+        sysid_ref = Ref.from_json(summary["stages"]["sysid"]["ref"])
+        stage = read_manifest(sysid_ref)["summary"]
         out.update({f"after.{k}": stage[f"holdout.after.{k}"] for k in FIGURES})
         out["after_reduction_pct"] = reduction_pct(out["before.key_frame_error_mm"], out["after.key_frame_error_mm"])
-        identified = with_latency(data.robot, stage["latency_s"])
-        values = {key.removeprefix("value."): v for key, v in stage.items() if key.startswith("value.")}
-        engines["after"] = (identified, Params.from_robot(identified, **values))
+        identified = identified_robot(configs, refs[2], sysid_ref)
+        engines["after"] = (identified, Params.from_robot(identified))
     if nudge > 0:
         for label, (robot, params) in engines.items():
             means = nudged_means(configs, data, robot, params, nudge)
             out[f"{label}.nudged_key_frame_error_mm"] = means
             out[f"{label}.smoothed_key_frame_error_mm"] = float(np.mean([out[f"{label}.key_frame_error_mm"], *means]))
-        for label in engines.keys() - {"before"}:
+        for label in [label for label in engines if label != "before"]:
             out[f"{label}_smoothed_reduction_pct"] = reduction_pct(
                 out["before.smoothed_key_frame_error_mm"], out[f"{label}.smoothed_key_frame_error_mm"]
             )
