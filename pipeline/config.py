@@ -367,7 +367,7 @@ class SysidConfig(StrictModel):
         default=12,
         description="KFL: Levenberg-Marquardt steps per continuity weight and round of gait-wise multiple "
         "shooting after the search (every fitted gait one window with its start state free; "
-        "pipeline.sysid.shooting). 0: off. About 10 s per step on 60 s of data on 2 cores (README).",
+        "pipeline.sysid.shooting). 0: off. About 5 s per step on 60 s of data on 2 cores (README).",
     )
     gait_shooting_weights: tuple[Positive, ...] = Field(
         default=(0.3,),

@@ -135,7 +135,8 @@ def test_staged_identification_ends_with_shooting_when_asked(default_configs, tw
 
 def test_normal_equations_are_the_stacked_jacobians(default_configs, two_recordings) -> None:
     """The sparse normal matrix and gradient equal J^T J and J^T r of the whole residual vector
-    (data, start priors, weighted continuity, parameter priors) stacked densely."""
+    (data, start priors, weighted continuity, parameter priors) stacked densely, and the step
+    (banded starts, Schur complement of the parameters) solves the damped dense equations."""
     weight = 3.0
     _, loss = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=1)
     start = Params.from_robot(default_configs.robot, friction=0.6)
@@ -175,5 +176,9 @@ def test_normal_equations_are_the_stacked_jacobians(default_configs, two_recordi
     np.testing.assert_allclose(normal, dense.T @ dense, rtol=1e-9, atol=1e-9 * np.abs(normal).max())
     gradient = problem.gradient(j, z, theta, weight)
     np.testing.assert_allclose(gradient, dense.T @ r, rtol=1e-9, atol=1e-9 * np.abs(gradient).max())
+    dz, dtheta = problem.step(problem.normal(j, theta, weight), gradient, 0.1)
+    expected = np.linalg.solve(normal + 0.1 * np.diag(normal.diagonal() + 1e-6), -gradient)
+    step = np.concatenate([dz.numpy().ravel(), dtheta])
+    np.testing.assert_allclose(step, expected, rtol=1e-6, atol=1e-9 * np.abs(expected).max())
     assert np.abs(j["defects"].numpy()).max() > 0 and np.abs(j["data_params"].numpy()).max() > 0
     assert prior_residuals.shape == (1,) and prior_residuals[0] != 0
