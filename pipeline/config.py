@@ -367,13 +367,13 @@ class SysidConfig(StrictModel):
         default=12,
         description="KFL: Levenberg-Marquardt steps per continuity weight and round of gait-wise multiple "
         "shooting after the search (every fitted gait one window with its start state free; "
-        "pipeline.sysid.shooting). 0: off. About 5 s per step on 60 s of data on 2 cores (README).",
+        "pipeline.sysid.shooting). 0: off. About 5 s per step on 60 s of data on 2 cores (docs/sysid.md).",
     )
     gait_shooting_weights: tuple[Positive, ...] = Field(
         default=(0.3,),
         min_length=1,
         description="Gait shooting: the continuity weights, in order. Heavier ones, after 0.3, moved friction "
-        "from -4.4 % to -7.7 % on one seed of engine data (README).",
+        "from -4.4 % to -7.7 % on one seed of engine data (docs/sysid.md).",
     )
     gait_shooting_restarts: Annotated[int, Field(ge=0)] = Field(
         default=1,
