@@ -335,18 +335,16 @@ class Engine:
     def _shape_closest_points(self, pos: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The closest points (each (B, P, 3)) of each pair of collision capsules, on its first rod's
         capsule axis and on its second's."""
-        shapes = self._shapes
-        axis = rotations[..., 2][:, :, None]  # each rod's z axis in the world (B, 3, 1, 3)
-        starts = pos[:, :, None] + shapes.z0_m[:, None] * axis  # (B, 3 rods, S, 3)
-        spans = (shapes.z1_m - shapes.z0_m)[:, None] * axis
-        i, j, a, b = shapes.first, shapes.second, shapes.first_shape, shapes.second_shape
-        return closest_points(starts[:, i, a], spans[:, i, a], starts[:, j, b], spans[:, j, b])
+        every_env = torch.arange(pos.shape[0], device=pos.device)[:, None]
+        every_pair = torch.arange(len(self._shapes.first), device=pos.device)[None]
+        return self._pair_points(pos, rotations, every_env, every_pair)
 
     def _pair_points(
         self, pos: torch.Tensor, rotations: torch.Tensor, env: torch.Tensor, pair: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_shape_closest_points` of only the capsule pairs ``pair`` (N,) in environments
-        ``env`` (N,): each (N, 3)."""
+        """The closest points of the capsule pairs ``pair`` in environments ``env`` (index tensors
+        of one shape, or broadcasting to one, S), on the pair's first rod's capsule axis and on its
+        second's: each (*S, 3)."""
         shapes = self._shapes
         ends = []
         for rod, shape in (
