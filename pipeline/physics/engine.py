@@ -87,9 +87,8 @@ class State:
 def _batch_dynamic(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``tensors``, their first (batch) dimension marked as maybe dynamic for ``torch.compile``: what
     the eager parts of a compiled step (:meth:`Engine._rod_contact`, :meth:`Engine._rod_separation`)
-    return to the compiled rest, and the step's inputs (:func:`_batch_inputs`), whose guards would
-    otherwise differ between a first step and the next ones (which take earlier outputs): one graph
-    per part then serves every batch size. Nothing changes in eager mode."""
+    return to the compiled rest (the step's own inputs are marked dynamic by :func:`_batch_inputs`):
+    one graph per part then serves every batch size. Nothing changes in eager mode."""
     for tensor in tensors:
         torch._dynamo.maybe_mark_dynamic(tensor, 0)
     return tensors
@@ -478,6 +477,6 @@ def _batch_inputs(params: Params, state: State, control: torch.Tensor) -> tuple[
     state = State(**{f.name: getattr(state, f.name).contiguous() for f in fields(State)})
     control = control.expand(batch, -1).contiguous()
     tensors = (*params.as_dict().values(), *(getattr(state, f.name) for f in fields(State)), control)
-    for tensor in _batch_dynamic(*tensors):
+    for tensor in tensors:
         torch._dynamo.mark_dynamic(tensor, 0)
     return params, state, control
