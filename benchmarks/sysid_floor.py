@@ -23,8 +23,14 @@ carried by the few where one execution tips a rod over and the other does not, w
 far below what identification can resolve decides; the spread of the nudged means says how much
 of a difference between two sets that accounts for.
 
+``--twin-ground TORSIONAL ROLLING`` runs the twin with those torsional and rolling friction
+coefficients (m) instead of its hidden config's (0.005 and 0.0002): with ``0 0`` its ground
+contact has only the sliding friction that the engine expresses, which says how much of the floor
+they set.
+
 Prints one JSON object (last line). Usage:
-``python -m benchmarks.sysid_floor [--seeds 0 1 2] [--identify] [--nudge 0.001] [--quick]``.
+``python -m benchmarks.sysid_floor [--seeds 0 1 2] [--identify] [--nudge 0.001] [--quick]
+[--twin-ground 0 0]``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import numpy as np
 import torch
+import yaml
 
 from flows.iteration import r2s2r_iteration
 from pipeline.config import LoadedConfigs, RobotConfig, load_all
@@ -75,14 +82,34 @@ def nudged_means(
     ]
 
 
+def twin_with_ground(config: str, torsional: float, rolling: float, folder: str) -> str:
+    """Path of a copy of ``config``'s twin config (written in ``folder``) with ground torsional and
+    rolling friction ``torsional`` and ``rolling`` (m)."""
+    twin = load_all(config).twin
+    ground = twin.ground.model_copy(update={"friction_torsional": torsional, "friction_rolling": rolling})
+    path = os.path.join(folder, "twin.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(twin.model_copy(update={"ground": ground}).model_dump(mode="json"), f)
+    return path
+
+
 def seed_figures(
-    config: str, seed: int, runs_dir: str, identify: bool, n_targets: int | None, nudge: float = 0.0
+    config: str,
+    seed: int,
+    runs_dir: str,
+    identify: bool,
+    n_targets: int | None,
+    nudge: float = 0.0,
+    hardware_config: str | None = None,
 ) -> dict[str, float]:
     """Collect, track and attach (and with ``identify`` sysid) with collect seed ``seed`` (and
     ``n_targets`` random targets, else the config's); the held-out figures of the start values,
     the twin's truth and (``identify``) the identified values, and with ``nudge`` > 0 their
-    nudged and smoothed means (module docstring)."""
+    nudged and smoothed means (module docstring); ``hardware_config`` replaces the config's twin
+    config."""
     overrides = {"runs_dir": runs_dir, "campaign": f"seed{seed}", "collect.random.seed": seed}
+    if hardware_config is not None:
+        overrides["hardware_config"] = hardware_config
     if n_targets is not None:
         overrides["collect.random.n_targets"] = n_targets
     stages = ["collect", "track", "attach", *(["sysid"] if identify else [])]
@@ -125,12 +152,22 @@ def main() -> None:
         "--nudge", type=float, default=0.0, metavar="REL", help="also replay at motor speed and friction x (1 +- REL)"
     )
     parser.add_argument("--quick", action="store_true", help="seed 0 only, 10 targets")
+    parser.add_argument(
+        "--twin-ground",
+        type=float,
+        nargs=2,
+        metavar=("TORSIONAL", "ROLLING"),
+        help="the twin's ground torsional and rolling friction (m) instead of its config's",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as runs_dir:
+        hardware = None if args.twin_ground is None else twin_with_ground(args.config, *args.twin_ground, runs_dir)
         seeds = {
-            seed: seed_figures(args.config, seed, runs_dir, args.identify, 10 if args.quick else None, args.nudge)
+            seed: seed_figures(
+                args.config, seed, runs_dir, args.identify, 10 if args.quick else None, args.nudge, hardware
+            )
             for seed in ([0] if args.quick else args.seeds)
         }
     reductions = [s["truth_reduction_pct"] for s in seeds.values()]
@@ -143,6 +180,7 @@ def main() -> None:
         "truth_reduction_pct_max": float(np.max(reductions)),
         "truth_reduction_pct_mean": float(np.mean(reductions)),
         "truth_median_reduction_pct_mean": float(np.mean(median_reductions)),
+        "twin_ground": args.twin_ground,
     }
     for label in ("truth", "after"):
         smoothed = [
