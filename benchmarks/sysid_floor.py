@@ -24,7 +24,7 @@ far below what identification can resolve decides; the spread of the nudged mean
 of a difference between two sets that accounts for.
 
 ``--twin-ground TORSIONAL ROLLING`` runs the twin with those torsional and rolling friction
-coefficients (m) instead of its hidden config's (0.005 and 0.0002): with ``0 0`` its ground
+coefficients (m) instead of its hidden config's: with ``0 0`` its ground
 contact has only the sliding friction that the engine expresses, which says how much of the floor
 they set.
 
@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -52,6 +53,7 @@ import yaml
 from flows.iteration import r2s2r_iteration
 from pipeline.config import LoadedConfigs, RobotConfig, load_all
 from pipeline.physics import Params
+from storage.files import atomic_write_bytes
 from storage.layout import Ref, read_manifest
 from tasks.gaits import identified_robot
 from tasks.sysid import (
@@ -87,10 +89,10 @@ def twin_with_ground(config: str, torsional: float, rolling: float, folder: str)
     rolling friction ``torsional`` and ``rolling`` (m)."""
     twin = load_all(config).twin
     ground = twin.ground.model_copy(update={"friction_torsional": torsional, "friction_rolling": rolling})
-    path = os.path.join(folder, "twin.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(twin.model_copy(update={"ground": ground}).model_dump(mode="json"), f)
-    return path
+    path = Path(folder) / "twin.yaml"
+    edited = twin.model_copy(update={"ground": ground}).model_dump(mode="json")
+    atomic_write_bytes(path, yaml.safe_dump(edited).encode())
+    return str(path)
 
 
 def seed_figures(
