@@ -313,7 +313,7 @@ class SysidConfig(StrictModel):
     warmup_parameters: tuple[EngineParameter, ...] = Field(
         default=("motor_speed",), description="Identified alone first (those also in `parameters`)."
     )
-    warmup_iterations: Annotated[int, Field(ge=0)] = Field(default=15, description="Steps of the warm-up.")
+    warmup_iterations: Annotated[int, Field(ge=0)] = Field(default=0, description="Steps of the warm-up (0: none).")
     loss: Literal["kfl", "last_step", "all_step", "multiple_shooting"] = "kfl"
     shooting_windows: Annotated[int, Field(ge=1)] = Field(default=4, description="Windows of multiple shooting.")
     mask_filter: bool = Field(default=True, description="KFL: keep only key frames that agree with the total time.")
@@ -359,7 +359,7 @@ class SysidConfig(StrictModel):
         default=0.001, description="KFL start fit: std of a sensed cable length (m), the sensor noise."
     )
     start_refits: Annotated[int, Field(ge=0)] = Field(
-        default=1,
+        default=0,
         description="KFL: fit the lead-in start states at the estimate, carry them through the lead-ins and "
         "search again, this many times (the first search runs on the settled starts).",
     )
