@@ -28,9 +28,13 @@ coefficients (m) instead of its hidden config's: with ``0 0`` its ground
 contact has only the sliding friction that the engine expresses, which says how much of the floor
 they set.
 
+``--set KEY=VALUE`` (repeatable) overrides the pipeline config as ``r2s2r --set`` does, e.g. the
+sysid parameters to identify; the collected data depend only on the collect, track and attach
+settings, so runs that differ only in sysid settings score the same trajectories.
+
 Prints one JSON object (last line). Usage:
 ``python -m benchmarks.sysid_floor [--seeds 0 1 2] [--identify] [--nudge 0.001] [--quick]
-[--twin-ground 0 0]``.
+[--twin-ground 0 0] [--set sysid.parameters=[motor_speed,friction]]``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import numpy as np
 import torch
 import yaml
 
+from flows.cli import parse_overrides
 from flows.iteration import r2s2r_iteration
 from pipeline.config import LoadedConfigs, RobotConfig, load_all
 from pipeline.physics import Params
@@ -103,13 +108,14 @@ def seed_figures(
     n_targets: int | None,
     nudge: float = 0.0,
     hardware_config: str | None = None,
+    settings: dict[str, object] | None = None,
 ) -> dict[str, float]:
     """Collect, track and attach (and with ``identify`` sysid) with collect seed ``seed`` (and
     ``n_targets`` random targets, else the config's); the held-out figures of the start values,
     the twin's truth and (``identify``) the identified values, and with ``nudge`` > 0 their
     nudged and smoothed means (module docstring); ``hardware_config`` replaces the config's twin
-    config."""
-    overrides = {"runs_dir": runs_dir, "campaign": f"seed{seed}", "collect.random.seed": seed}
+    config; ``settings`` are further dotted-key overrides of the pipeline config."""
+    overrides = {**(settings or {}), "runs_dir": runs_dir, "campaign": f"seed{seed}", "collect.random.seed": seed}
     if hardware_config is not None:
         overrides["hardware_config"] = hardware_config
     if n_targets is not None:
@@ -161,6 +167,9 @@ def main() -> None:
         metavar=("TORSIONAL", "ROLLING"),
         help="the twin's ground torsional and rolling friction (m) instead of its config's",
     )
+    parser.add_argument(
+        "--set", dest="settings", action="append", metavar="KEY=VALUE", help="pipeline config override (YAML value)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(2)
@@ -168,7 +177,14 @@ def main() -> None:
         hardware = None if args.twin_ground is None else twin_with_ground(args.config, *args.twin_ground, runs_dir)
         seeds = {
             seed: seed_figures(
-                args.config, seed, runs_dir, args.identify, 10 if args.quick else None, args.nudge, hardware
+                args.config,
+                seed,
+                runs_dir,
+                args.identify,
+                10 if args.quick else None,
+                args.nudge,
+                hardware,
+                parse_overrides(args.settings),
             )
             for seed in ([0] if args.quick else args.seeds)
         }
