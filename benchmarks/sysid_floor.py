@@ -24,9 +24,8 @@ far below what identification can resolve decides; the spread of the nudged mean
 of a difference between two sets that accounts for.
 
 ``--twin-ground TORSIONAL ROLLING`` runs the twin with those torsional and rolling friction
-coefficients (m) instead of its hidden config's: with ``0 0`` its ground
-contact has only the sliding friction that the engine expresses, which says how much of the floor
-they set.
+coefficients (m) instead of its hidden config's: with ``0 0`` its ground contact has only the
+sliding friction that the engine expresses, which says how much of the floor they set.
 
 ``--set KEY=VALUE`` (repeatable) overrides the pipeline config as ``r2s2r --set`` does, e.g. the
 sysid parameters to identify; the collected data depend only on the collect, track and attach
