@@ -485,16 +485,18 @@ def test_replay_scores_the_true_engine_better(engine, slow_motor_data, default_c
     "(the twin's own values 13.6 mm); a CMA-ES on the held-out mean itself found 9.0 mm, which a 0.1 % change of "
     "motor speed or friction moves to 11.7-17.7 mm; averaged over such nudges the config's values give 18.8 mm, "
     "the identified 24.5, the twin's 21.4. benchmarks.sysid_floor --seeds 0 1 2 --identify --nudge 0.001: "
-    "smoothed reductions identified 15 / 44 / 38 %, the twin's values 15 / 51 / 38 %",
+    "smoothed reductions identified 15 / 44 / 38 %, the twin's values 15 / 51 / 38 %. With the main job's settings "
+    "(session 37): -34.5 %",
 )
-def test_sysid_on_the_twin_halves_the_held_out_key_frame_error(tmp_path) -> None:
+def test_sysid_on_the_twin_halves_the_held_out_key_frame_error(tmp_path, default_configs) -> None:
     """One tracked random-policy trajectory on the twin through the flow (collect, track, attach,
-    sysid with its defaults): the held-out key-frame error falls by at least 50 %."""
+    sysid as the main job runs it: the default pipeline config's settings): the held-out
+    key-frame error falls by at least 50 %."""
     from flows.iteration import r2s2r_iteration
     from tests.conftest import write_test_pipeline
 
     config = write_test_pipeline(tmp_path, campaign="twinsysid", n_targets=40)
-    overrides = {f"sysid.{k}": v for k, v in SysidConfig().model_dump(mode="json").items()}
+    overrides = {f"sysid.{k}": v for k, v in default_configs.pipeline.sysid.model_dump(mode="json").items()}
     stages = ["collect", "track", "attach", "sysid"]
     summary = r2s2r_iteration(str(config), iteration=1, overrides=overrides, stages=stages)
     manifest = json.loads((Path(summary["stages"]["sysid"]["ref"]["path"]) / "manifest.json").read_text())
