@@ -113,7 +113,8 @@ def seed_figures(
     ``n_targets`` random targets, else the config's); the held-out figures of the start values,
     the twin's truth and (``identify``) the identified values, and with ``nudge`` > 0 their
     nudged and smoothed means (module docstring); ``hardware_config`` replaces the config's twin
-    config; ``settings`` are further dotted-key overrides of the pipeline config."""
+    config; ``settings`` are further dotted-key overrides of the pipeline config (the seed's
+    runs folder, campaign and collect seed take precedence)."""
     overrides = {**(settings or {}), "runs_dir": runs_dir, "campaign": f"seed{seed}", "collect.random.seed": seed}
     if hardware_config is not None:
         overrides["hardware_config"] = hardware_config
