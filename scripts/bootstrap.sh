@@ -25,11 +25,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.r2s2r-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "bootstrap: installing Python packages into .venv (first run takes a few minutes)"
+  # constraints.txt: the versions the figures in README and docs/ were measured with
   # (this machine's pip config lists local indexes that may be absent: drop those warnings only)
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 \
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]' 2>&1 \
     | { grep -v "^WARNING: Location 'file:" || true; }
   echo "$want" > "$stamp"
 fi

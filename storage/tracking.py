@@ -9,10 +9,13 @@ keeps its active run per thread and Prefect runs tasks on worker threads.
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Mapping
+from importlib.metadata import version
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
+import torch
 from mlflow.entities import RunStatus
 from mlflow.tracking import MlflowClient
 
@@ -21,6 +24,9 @@ from storage.layout import RunLayout
 ITERATION_TAG = "r2s2r.iteration"
 CAMPAIGN_TAG = "r2s2r.campaign"
 CAMPAIGN_RUN_TAG = "r2s2r.campaign_run"
+ENVIRONMENT_TAG = "r2s2r.env"
+RESULT_PACKAGES = ("torch", "mujoco", "numpy", "scipy", "cma", "opencv-python-headless", "open3d")
+"""The installed packages whose numerics the identified values and gaits depend on."""
 
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -109,6 +115,21 @@ def log_params_once(client: MlflowClient, run_id: str, params: Mapping[str, str]
     new = {k: v for k, v in params.items() if k not in existing}
     for key, value in new.items():
         client.log_param(run_id, key, value[:6000])
+
+
+def environment_tags() -> dict[str, str]:
+    """Tags ``r2s2r.env.<name>``: the version of each of :data:`RESULT_PACKAGES`, Python's, the
+    machine architecture and the CPU's vector instruction set that torch uses (e.g. ``AVX512``).
+
+    Rollouts through contact are chaotic, so the last bits of floating-point arithmetic can move
+    identified values and the gait picked: two runs of the same config and data on different
+    installs or CPUs may differ, and these tags tell such runs apart in the MLflow UI.
+    """
+    tags = {f"{ENVIRONMENT_TAG}.{name}": version(name) for name in RESULT_PACKAGES}
+    tags[f"{ENVIRONMENT_TAG}.python"] = platform.python_version()
+    tags[f"{ENVIRONMENT_TAG}.machine"] = platform.machine()
+    tags[f"{ENVIRONMENT_TAG}.cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return tags
 
 
 def finish_run(client: MlflowClient, run_id: str, ok: bool) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
 from flows.iteration import STAGES
@@ -159,6 +161,9 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "collect")}
     assert artifacts == {"collect/top_view.png", "collect/first_frame.png"}
     assert "prefect.flow_run_id" in run.data.tags
+    assert run.data.tags["r2s2r.env.mujoco"] == version("mujoco")
+    assert run.data.tags["r2s2r.env.torch"] == version("torch")
+    assert run.data.tags["r2s2r.env.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
     # the later stages ran after collect, were cached the second time, and logged to the same run
     for stage in ("track", "attach", "sysid", "gaits", "redeploy", "evaluate"):
