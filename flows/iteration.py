@@ -30,7 +30,15 @@ from flows.runners import task_runner
 from pipeline.config import LoadedConfigs, config_hash, load_all
 from pipeline.errors import DataError
 from storage.layout import Ref, RunLayout, complete_stage_ref
-from storage.tracking import client_for, environment_tags, finish_run, flatten, iteration_run, log_params_once
+from storage.tracking import (
+    client_for,
+    environment_tags,
+    finish_run,
+    flatten,
+    iteration_run,
+    log_params_once,
+    set_tags,
+)
 from tasks import gaits as gaits_module
 from tasks import redeploy as redeploy_module
 from tasks.attach import attach
@@ -126,8 +134,7 @@ def r2s2r_iteration(
         params["pipeline.config_file"] = Path(pipeline_config).name
         log_params_once(client, run_id, params)
     client.set_tag(run_id, "prefect.flow_run_id", str(flow_run.id))
-    for key, value in environment_tags().items():  # the latest invocation's install and CPU
-        client.set_tag(run_id, key, value)
+    set_tags(client, run_id, environment_tags())  # the latest invocation's install and CPU
     summary: dict[str, object] = {"iteration": iteration, "mlflow_run_id": run_id, "stages": {}}
     try:
         refs: dict[str, dict[str, str]] = {}

@@ -15,8 +15,7 @@ from importlib.metadata import version
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-import torch
-from mlflow.entities import RunStatus
+from mlflow.entities import RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
 from storage.layout import RunLayout
@@ -125,11 +124,18 @@ def environment_tags() -> dict[str, str]:
     identified values and the gait picked: two runs of the same config and data on different
     installs or CPUs may differ, and these tags tell such runs apart in the MLflow UI.
     """
+    import torch  # here, not at module import: the CLI's MLflow commands need no torch
+
     tags = {f"{ENVIRONMENT_TAG}.{name}": version(name) for name in RESULT_PACKAGES}
     tags[f"{ENVIRONMENT_TAG}.python"] = platform.python_version()
     tags[f"{ENVIRONMENT_TAG}.machine"] = platform.machine()
     tags[f"{ENVIRONMENT_TAG}.cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return tags
+
+
+def set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, str]) -> None:
+    """Set ``tags`` on the run in one batch write."""
+    client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
 
 
 def finish_run(client: MlflowClient, run_id: str, ok: bool) -> None:
