@@ -487,6 +487,19 @@ class GaitsConfig(StrictModel):
     )
     turn: Literal["ccw", "cw"] = Field(default="ccw", description="Which turning gait the turning policy repeats.")
     turn_cycles: Annotated[int, Field(ge=1)] = Field(default=3, description="Cycles of the turning policy.")
+    expansion_starts: Annotated[int, Field(ge=0)] = Field(
+        default=8,
+        description="Each candidate long policy is also run from this many starts near the search's, and scored "
+        "by its mean over them and the parameter ensemble (0: the search's start alone).",
+    )
+    expansion_start_sigma_m: Annotated[float, Field(ge=0)] = Field(
+        default=0.002, description="... those starts: Gaussian noise of this standard deviation on every end cap (m)."
+    )
+    expansion_min_reached: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.75,
+        description="... a policy must reach every target from at least this share of them; where none does, the "
+        "one with the highest share.",
+    )
     smoothing: bool = Field(default=True, description="Remove redundant reset steps between cycles (seed 000).")
     smoothing_tolerance_m: Positive = Field(
         default=0.05, description="A smoothed policy must end within this of the unsmoothed one's displacement (m)."

@@ -62,6 +62,7 @@ SMALL_GAITS = {
     "search": {"depth": 2, "validate_top": 2},
     "straight_cycles": 1,
     "turn_cycles": 1,
+    "expansion_starts": 3,
 }
 """A gait search and expansion short enough for flow tests (the search is tested in test_gaits.py)."""
 

@@ -209,6 +209,9 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     gaits_dir = Path(first["stages"]["gaits"]["ref"]["path"])
     policies = json.loads((gaits_dir / "policies.json").read_text())
     assert set(policies) == {"straight", "turning"} and all(p["simulated"]["reached"] for p in policies.values())
+    for name, policy in policies.items():  # each judged over the parameter ensemble and 3 perturbed starts
+        assert policy["expansion"]["perturbed_starts"] == 3 and 0 <= policy["expansion"]["reached_share"] <= 1
+        assert run.data.metrics[f"gaits.policy.{name}.expansion_reached_share"] == policy["expansion"]["reached_share"]
     found = json.loads((gaits_dir / "gaits.json").read_text())["found"]
     assert found["ccw"]["rotation_deg"] >= found["cw"]["rotation_deg"]  # depth 2 here: whatever turns most
     assert found["forward"]["forward_m"] > found["backward"]["forward_m"]
