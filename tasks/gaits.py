@@ -103,7 +103,7 @@ class Candidate:
 class Expansion:
     """A policy expanded from a searched gait: the ``policy`` (unsmoothed), the ``gait`` it repeats
     and that gait's ``rank`` among its objective's candidates (0: the best); ``judged``: how
-    :func:`best_expansion` scored it (None where no candidate reached every target)."""
+    :func:`judged_expansions` scored it (None where no candidate reached every target)."""
 
     policy: Policy
     gait: FoundGait
@@ -131,7 +131,17 @@ def judged_expansions(
     ``params`` alone) from ``start``, and under ``params`` from each of ``starts``
     (:func:`~pipeline.gaits.ensemble.perturbed_starts`; None: none). Its score is the mean of
     :func:`~pipeline.gaits.search.objective_score` over all those runs, its reached share the
-    share of ``starts`` from which it reaches every target."""
+    share of ``starts`` from which it reaches every target; :func:`pick_expansion` picks one.
+
+    Every candidate is expanded and run, because the best single cycle need not repeat well: in
+    a main job's iteration 1 the best forward gait (0.342 m a cycle) left the robot, after its
+    first cycle, where the mapped next cycle rolled nothing, 0.056 m in three cycles, while the
+    third-ranked one (0.339 m) made 0.651 m. Each whole policy runs as the robot will: the
+    expansion's own cycle-by-cycle runs restart the controller at each cycle and can reach where
+    the whole run does not. And one start is a knife edge: in a main job's iteration 2 the
+    policy that rolled furthest from the search's start (0.59 m) reached every target from none
+    of 8 starts 2 mm away (0.14 m on average from them) and moved the twin 0.10 m; the pick with
+    the perturbed starts reached from all 8 and moved the twin 0.29 m (:mod:`pipeline.gaits.ensemble`)."""
     sets, set_starts = scenarios(params if ensemble is None else ensemble, start, params, starts)
     perturbed = 0 if starts is None else starts.batch_size
     judged: list[Candidate] = []
@@ -162,34 +172,6 @@ def pick_expansion(candidates: list[Candidate], min_reached: float) -> Candidate
     return max(eligible, key=lambda c: (min(c.reached_share, min_reached), c.score, -c.rank))
 
 
-def best_expansion(
-    engine: Engine,
-    params: Params,
-    robot: RobotConfig,
-    start: State,
-    ranked: list[FoundGait],
-    cycles: int,
-    timeout_s: float,
-    ensemble: Params | None = None,
-    starts: State | None = None,
-    min_reached: float = 1.0,
-) -> Candidate | None:
-    """The one of ``ranked`` whose expansion the gaits stage repeats:
-    :func:`pick_expansion` of :func:`judged_expansions` (None if none reaches every target).
-
-    Every candidate is expanded and run, because the best single cycle need not repeat well: in
-    a main job's iteration 1 the best forward gait (0.342 m a cycle) left the robot, after its
-    first cycle, where the mapped next cycle rolled nothing, 0.056 m in three cycles, while the
-    third-ranked one (0.339 m) made 0.651 m. Each whole policy runs as the robot will: the
-    expansion's own cycle-by-cycle runs restart the controller at each cycle and can reach where
-    the whole run does not. And one start is a knife edge: in a main job's iteration 2 the
-    policy that rolled furthest from the search's start (0.59 m) reached every target from none
-    of 8 starts 2 mm away (mean 0.14 m from them) and made 0.06 m on the twin; the pick with
-    the perturbed starts reached from all 8 and made 0.26 m there (:mod:`pipeline.gaits.ensemble`)."""
-    judged = judged_expansions(engine, params, robot, start, ranked, cycles, timeout_s, ensemble, starts)
-    return pick_expansion(judged, min_reached)
-
-
 def expanded_policies(
     configs: LoadedConfigs,
     engine: Engine,
@@ -203,8 +185,9 @@ def expanded_policies(
 
     Each repeats the one of its objective's ranked ``candidates`` whose expansion does best in
     the engine over the parameter ensemble and ``expansion_starts`` perturbed starts and reaches
-    every target (:func:`best_expansion`): a gait that works once can leave the robot where its
-    next cycle's shapes cannot be made, or do nothing, or work from one start alone.
+    every target (:func:`judged_expansions`, :func:`pick_expansion`): a gait that works once can
+    leave the robot where its next cycle's shapes cannot be made, or do nothing, or work from one
+    start alone.
     If none reaches, the best single cycle (with a warning)."""
     c = configs.pipeline.gaits
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
@@ -216,9 +199,8 @@ def expanded_policies(
     out = {}
     for name, (objective, cycles) in plans.items():
         ranked = candidates[objective]
-        found = best_expansion(
-            engine, params, robot, start, ranked, cycles, timeout_s, ensemble, starts, c.expansion_min_reached
-        )
+        judged = judged_expansions(engine, params, robot, start, ranked, cycles, timeout_s, ensemble, starts)
+        found = pick_expansion(judged, c.expansion_min_reached)
         if found is None:
             log.warning(
                 "%s policy: no %s gait of %d reaches every target over %d cycles in the engine; using the best",
@@ -329,7 +311,7 @@ def run_gaits(
 
 
 def _judged_json(judged: Candidate, c: GaitsConfig) -> dict[str, float | int]:
-    """How the gaits stage judged a policy (:func:`best_expansion`): its unsmoothed expansion's mean
+    """How the gaits stage judged a policy (:func:`judged_expansions`): its unsmoothed expansion's mean
     score (m or rad) over the parameter ensemble and the perturbed starts, and the share of those
     starts from which it reached every target."""
     return {

@@ -26,7 +26,7 @@ from pipeline.gaits.search import (
 )
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.policies import REST_TARGET
-from tasks.gaits import PUBLISHED, Candidate, best_expansion, judged_expansions, pick_expansion, rest_start
+from tasks.gaits import PUBLISHED, Candidate, judged_expansions, pick_expansion, rest_start
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_policy_repeats_the_gait_whose_expansion_does_best(default_configs, defa
         return FoundGait("forward", targets, 0.3, 0.0, 0.0, 1, 2.0, reached=True)
 
     ranked = [found(stuck), found(wiggle), found(once), found(rolling)]
-    picked = best_expansion(engine, params, robot, start, ranked, 2, 1.0)
+    picked = pick_expansion(judged_expansions(engine, params, robot, start, ranked, 2, 1.0), 1.0)
     rank, targets, forward_m = picked.rank, picked.policy, picked.score
     assert rank == 3 and picked.reached and picked.reached_share == 1.0
     single = expand_in_engine(engine, params, robot, start, rolling, 2, 1.0)
@@ -144,7 +144,7 @@ def test_policy_repeats_the_gait_whose_expansion_does_best(default_configs, defa
     batch = expand_in_engine(engine, params, robot, start, np.stack([wiggle, rolling]), 2, 1.0)
     np.testing.assert_array_equal(batch[0], expand_in_engine(engine, params, robot, start, wiggle, 2, 1.0))
     np.testing.assert_array_equal(batch[1], single)
-    assert best_expansion(engine, params, robot, start, [found(stuck)], 1, 1.0) is None
+    assert pick_expansion(judged_expansions(engine, params, robot, start, [found(stuck)], 1, 1.0), 1.0) is None
 
 
 def test_an_ensemble_runs_each_policy_under_every_parameter_set(default_configs, default_engine) -> None:
@@ -169,7 +169,7 @@ def test_an_ensemble_runs_each_policy_under_every_parameter_set(default_configs,
         alone = simulate_targets(engine, under(k), robot, start, policies[0], 1.0)
         assert outcome.forward_m[2 * k] == pytest.approx(float(alone.forward_m[0]), abs=1e-9)
     found = FoundGait("forward", rolling, 0.3, 0.0, 0.0, 1, 2.0, reached=True)
-    picked = best_expansion(engine, params, robot, start, [found], 1, 1.0, ensemble)
+    picked = pick_expansion(judged_expansions(engine, params, robot, start, [found], 1, 1.0, ensemble), 1.0)
     rank, targets, score = picked.rank, picked.policy, picked.score
     each = [float(simulate_targets(engine, under(k), robot, start, targets, 1.0).forward_m[0]) for k in range(5)]
     assert rank == 0 and score == pytest.approx(np.mean(each), abs=1e-9)
