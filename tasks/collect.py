@@ -42,6 +42,8 @@ from storage.trajectory import caps_array, read_trajectory
 
 STAGE = "collect"
 STAGE_VERSION = "1"
+SOURCE_KEY = "redeploy_manifest_sha256"
+"""Summary key (iteration k > 1): the sha256 of the redeploy stage manifest whose runs were copied."""
 POLICY_FILE = "policy.json"
 log = logging.getLogger(__name__)
 
@@ -54,12 +56,14 @@ def collect_policy(configs: LoadedConfigs, seed_offset: int = 0) -> Policy:
     return policy_from_name(configs.robot, c.policy, c.gait_cycles, c.random.n_targets, seed, c.random.levels)
 
 
-def set_aside(stage_dir: Path, why: str) -> None:
-    """Keep an earlier stage output (``why``: "incomplete" or "replaced") by renaming its folder."""
+def set_aside(stage_dir: Path, why: str) -> Path:
+    """Keep an earlier stage output (``why``: "incomplete" or "replaced") by renaming its folder;
+    returns where it now is."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     target = stage_dir.with_name(f"{stage_dir.name}.{why}-{stamp}")
     shutil.move(stage_dir, target)
     log.warning("earlier %s stage output kept at %s", why, target)
+    return target
 
 
 def run_collect(
@@ -76,7 +80,10 @@ def run_collect(
     k - 1's redeploy runs instead (copied, one folder each), and with
     ``collect.later_iterations: redeploy_and_random`` a fresh random policy as well. If the stage already holds a
     complete collection it is returned untouched (the hardware is not run), unless ``fresh``:
-    then that collection is kept aside (``collect.replaced-<time>``) and a new one recorded. An
+    then that collection is kept aside (``collect.replaced-<time>``) and a new one recorded. In
+    iteration k > 1 a collection of other redeploy runs than iteration k - 1's complete ones now
+    (the gaits, so the redeploy, changed since) is kept aside too and the runs copied again; a
+    random recording of the iteration's own is carried over, not run again. An
     interrupted recording of iteration 1's policy is resumed: it is kept as it is (marked
     incomplete), and the rest of the policy, from the segment it stopped in, is recorded as a
     second recording (``<policy>-from<segment>``) from wherever the robot now stands. If the
@@ -87,18 +94,34 @@ def run_collect(
     layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
     stage_dir = layout.stage_dir(iteration, STAGE)
     existing = complete_stage_ref(stage_dir)
-    if existing is not None and not fresh:
+    earlier = read_manifest(existing)["summary"] if existing is not None else {}
+    stale = existing is not None and iteration > 1 and earlier.get(SOURCE_KEY) != _redeploy_sha(layout, iteration)
+    if existing is not None and not fresh and not stale:
         log.info("collect: reusing complete recording at %s", stage_dir)
-        return existing, read_manifest(existing)["summary"]
+        return existing, earlier
+    if stale and not fresh:
+        log.warning(
+            "collect: %s holds other redeploy runs of iteration %d than those now there; collecting them again",
+            stage_dir,
+            iteration - 1,
+        )
     policy = collect_policy(configs, seed_offset=iteration - 1)
     stopped = stopped_segment(stage_dir, policy) if existing is None and iteration == 1 else None
+    kept = None
     if stage_dir.exists() and stopped is None:
-        set_aside(stage_dir, "incomplete" if existing is None else "replaced")
+        kept = set_aside(stage_dir, "incomplete" if existing is None else "replaced")
     robot_factory = (lambda: make_robot(configs)) if robot is None else (lambda: robot)
     summary: dict[str, object] = {}
     if iteration > 1:
         summary = _copy_redeploy_runs(layout, iteration, stage_dir)
-    if stopped is not None:  # resume: the rest of the policy, from the segment the fault cut short
+    random_recorded = earlier.get("policy_id") == policy.policy_id and kept is not None
+    if stale and not fresh and random_recorded and (kept / policy.policy_id).is_dir():
+        # only the redeploy runs changed: this iteration's own random recording is kept, not run again
+        shutil.copytree(kept / policy.policy_id, stage_dir / policy.policy_id)
+        if (kept / "plots").is_dir():
+            shutil.copytree(kept / "plots", stage_dir / "plots", dirs_exist_ok=True)
+        summary.update({k: v for k, v in earlier.items() if k not in summary})
+    elif stopped is not None:  # resume: the rest of the policy, from the segment the fault cut short
         log.warning("collect: resuming %s from segment %d (the partial recording is kept)", policy.policy_id, stopped)
         rest = Policy(name=f"{policy.name}-from{stopped}", targets=policy.targets[stopped:])
         if (stage_dir / rest.policy_id).exists():  # an earlier resume that failed too: keep it beside
@@ -182,7 +205,13 @@ def _copy_redeploy_runs(layout: RunLayout, iteration: int, stage_dir: Path) -> d
         shutil.rmtree(work, ignore_errors=True)
         raise
     durations = [float(np.ptp(read_trajectory(r / HARDWARE_FILE, expect_source="hardware")[0]["t"])) for r in runs]
-    return {"redeploy_runs": len(runs), "redeploy_duration_s": float(sum(durations))}
+    return {"redeploy_runs": len(runs), "redeploy_duration_s": float(sum(durations)), SOURCE_KEY: previous.sha256}
+
+
+def _redeploy_sha(layout: RunLayout, iteration: int) -> str | None:
+    """The manifest sha256 of iteration ``iteration - 1``'s complete redeploy stage (None: none)."""
+    previous = complete_stage_ref(layout.stage_dir(iteration - 1, "redeploy"))
+    return None if previous is None else previous.sha256
 
 
 def open_recording(
@@ -288,8 +317,7 @@ def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
     identity = f"{configs.pipeline.runs_dir.resolve()}|{configs.pipeline.campaign}|{iteration}"
     if iteration > 1:  # the previous iteration's redeploy runs, whose recording is collected
         layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
-        previous = complete_stage_ref(layout.stage_dir(iteration - 1, "redeploy"))
-        identity += f"|{previous.sha256 if previous else 'none'}"
+        identity += f"|{_redeploy_sha(layout, iteration) or 'none'}"
     return f"{STAGE}-v{STAGE_VERSION}-{hashlib.sha256(identity.encode()).hexdigest()[:24]}"
 
 

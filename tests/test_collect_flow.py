@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from importlib.metadata import version
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from pipeline.errors import HardwareError
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.policies import random_policy
 from storage.frames import iter_frames
-from storage.layout import RunLayout, read_manifest
+from storage.layout import RunLayout, complete_stage_ref, read_manifest, write_manifest
 from storage.recording import (
     FRAMES_FILE,
     GROUNDTRUTH_FILE,
@@ -30,7 +31,7 @@ from storage.recording import (
 )
 from storage.tracking import ITERATION_TAG, client_for
 from storage.trajectory import read_trajectory
-from tasks.collect import run_collect
+from tasks.collect import SOURCE_KEY, run_collect
 
 from .conftest import write_test_pipeline
 
@@ -96,6 +97,57 @@ def test_disconnect_keeps_partial_recording(tmp_path: Path) -> None:
     recordings = load_recordings(ref, track_ref, 8.0)
     assert set(recordings) == {folder.name, rest.name}
     assert recordings[folder.name].segment.max() == stopped - 1
+
+
+def test_a_later_collect_follows_the_redeploy_runs_it_copies(tmp_path: Path, twin, monkeypatch) -> None:
+    """Iteration 2 collects iteration 1's redeploy runs. Unchanged, a rerun returns the same
+    collection; once they are recorded again (new gaits, so new redeploy runs), a rerun copies the
+    new ones and keeps the old collection aside, and with ``redeploy_and_random`` carries the
+    iteration's own random recording over instead of running the hardware again."""
+    config = write_test_pipeline(tmp_path, campaign="stale", n_targets=2, later_iterations="redeploy_and_random")
+    configs = load_all(config)
+    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    redeploy_dir = layout.stage_dir(1, "redeploy")
+
+    def redeploy_run(seed: int) -> None:
+        folder = redeploy_dir / "straight-start0"
+        folder.mkdir(parents=True)
+        twin.reset()
+        identity = RecordingIdentity("stale", 1, "straight-start0", "hash", 50.0, (0, 1, 2), 3.0)
+        recording = Recording(folder, identity, camera=None, checkpoint_every_s=1.0)
+        for packet in twin.execute(random_policy(twin.robot, 2, seed=seed), 3.0, record_frames=False):
+            recording.add(packet)
+        recording.close(complete=True)
+        write_manifest(redeploy_dir, "redeploy", complete=True, summary={"runs": 1})
+
+    executions = []
+    original = MujocoTwin.execute
+
+    def counting_execute(self, *args, **kwargs):
+        executions.append(1)
+        yield from original(self, *args, **kwargs)
+
+    redeploy_run(seed=1)
+    monkeypatch.setattr(MujocoTwin, "execute", counting_execute)
+    first, summary = run_collect(configs, iteration=2, robot=twin, show_progress=False)
+    assert executions == [1] and summary[SOURCE_KEY] == complete_stage_ref(redeploy_dir).sha256
+    random_policy_id = summary["policy_id"]
+    assert run_collect(configs, iteration=2, robot=twin, show_progress=False)[0] == first
+    monkeypatch.setattr(MujocoTwin, "execute", original)
+    shutil.rmtree(redeploy_dir)
+    redeploy_run(seed=2)
+    monkeypatch.setattr(MujocoTwin, "execute", counting_execute)
+    second, summary = run_collect(configs, iteration=2, robot=twin, show_progress=False)
+    assert executions == [1] and second.sha256 != first.sha256
+    assert summary[SOURCE_KEY] == complete_stage_ref(redeploy_dir).sha256
+    assert summary["policy_id"] == random_policy_id  # the random recording kept
+    copied = read_trajectory(Path(second.path) / "straight-start0" / HARDWARE_FILE)[0]
+    source = read_trajectory(redeploy_dir / "straight-start0" / HARDWARE_FILE)[0]
+    assert copied.equals(source)
+    random_folder = Path(second.path) / str(summary["policy_id"])
+    assert (random_folder / HARDWARE_FILE).is_file()
+    assert len(list(Path(second.path).parent.glob("collect.replaced-*"))) == 1
+    read_manifest(second)  # every file listed and unchanged
 
 
 def test_recover_recording_after_a_killed_process(tmp_path: Path, twin) -> None:
