@@ -41,7 +41,7 @@ from storage.tracking import client_for
 from storage.trajectory import caps_array, read_trajectory
 
 STAGE = "collect"
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"
 SOURCE_KEY = "redeploy_manifest_sha256"
 """Summary key (iteration k > 1): the sha256 of the redeploy stage manifest whose runs were copied."""
 POLICY_FILE = "policy.json"
