@@ -94,12 +94,17 @@ def run_collect(
     layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
     stage_dir = layout.stage_dir(iteration, STAGE)
     existing = complete_stage_ref(stage_dir)
-    earlier = read_manifest(existing)["summary"] if existing is not None else {}
-    stale = existing is not None and iteration > 1 and earlier.get(SOURCE_KEY) != _redeploy_sha(layout, iteration)
+    earlier = read_manifest(existing)["summary"] if existing is not None and not fresh else {}
+    stale = (
+        existing is not None
+        and not fresh
+        and iteration > 1
+        and earlier.get(SOURCE_KEY) != _redeploy_sha(layout, iteration)
+    )
     if existing is not None and not fresh and not stale:
         log.info("collect: reusing complete recording at %s", stage_dir)
         return existing, earlier
-    if stale and not fresh:
+    if stale:
         log.warning(
             "collect: %s holds other redeploy runs of iteration %d than those now there; collecting them again",
             stage_dir,
@@ -114,8 +119,7 @@ def run_collect(
     summary: dict[str, object] = {}
     if iteration > 1:
         summary = _copy_redeploy_runs(layout, iteration, stage_dir)
-    random_recorded = earlier.get("policy_id") == policy.policy_id and kept is not None
-    if stale and not fresh and random_recorded and (kept / policy.policy_id).is_dir():
+    if stale and earlier.get("policy_id") == policy.policy_id and (kept / policy.policy_id).is_dir():
         # only the redeploy runs changed: this iteration's own random recording is kept, not run again
         shutil.copytree(kept / policy.policy_id, stage_dir / policy.policy_id)
         if (kept / "plots").is_dir():
