@@ -13,10 +13,10 @@ iteration's identified engine (the gaits stage's robot, time step and segment ti
   gaits stage judges its candidate policies since stage version 5).
 
 Prints one JSON object (last line): per policy the figures of each start (forward m along the
-start heading, heading change deg, every target reached), and over the perturbed starts the
-median and range of forward motion, the median heading change and the share that reached every
-target; the redeploy runs' mean forward motion and heading change on the hardware (the anchor)
-when the iteration has them.
+start heading, heading change deg, every target reached, the prism folded flat), and over the
+perturbed starts the median and range of forward motion, the median heading change, the share
+that reached every target and the share that folded the prism flat; the redeploy runs' mean
+forward motion and heading change on the hardware (the anchor) when the iteration has them.
 
 Usage: ``python -m benchmarks.policy_starts --iteration 2 [--config configs/pipeline/default.yaml]
 [--draws 16 --sigma-mm 2 --seed 1]`` after the main job (or any campaign) has run that iteration.
@@ -47,11 +47,13 @@ from tasks.gaits import POLICIES_FILE, identified_robot, rest_start
 
 
 def figures(outcome: Outcome, row: int) -> dict[str, float | bool]:
-    """Forward motion (m), heading change (deg) and whether every target was reached, of ``row``."""
+    """Forward motion (m), heading change (deg), whether every target was reached and whether the
+    prism folded flat, of ``row``."""
     return {
         "forward_m": float(outcome.forward_m[row]),
         "rotation_deg": math.degrees(float(outcome.rotation_rad[row])),
         "reached": bool(outcome.reached[row]),
+        "collapsed": bool(outcome.collapsed[row]),
     }
 
 
@@ -107,6 +109,7 @@ def main() -> None:
             "perturbed_forward_m_max": float(forward.max()),
             "perturbed_rotation_deg_median": float(np.median([p["rotation_deg"] for p in perturbed])),
             "perturbed_reached_share": float(np.mean([p["reached"] for p in perturbed])),
+            "perturbed_collapsed_share": float(np.mean([p["collapsed"] for p in perturbed])),
             "hardware_forward_m_mean": anchor.get(f"repeatability.{name}.forward_m_mean"),
             "hardware_rotation_deg_mean": anchor.get(f"repeatability.{name}.rotation_deg_mean"),
         }

@@ -18,7 +18,7 @@ class DataError(R2S2RError):
 
 
 class PolicyError(R2S2RError):
-    """A policy contains targets the robot cannot reach."""
+    """A policy contains targets the robot cannot reach, or no policy can be made (no gait found)."""
 
 
 class HardwareError(R2S2RError):

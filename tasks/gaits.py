@@ -48,7 +48,7 @@ from tasks.sysid import sysid_robot
 log = logging.getLogger(__name__)
 
 STAGE = "gaits"
-STAGE_VERSION = "5"
+STAGE_VERSION = "6"
 GAITS_FILE = "gaits.json"
 POLICIES_FILE = "policies.json"
 TABLE_FILE = "gaits.parquet"
@@ -81,6 +81,7 @@ def _figures(outcome: Outcome) -> dict[str, float]:
         "rotation_deg": math.degrees(float(outcome.rotation_rad[0])),
         "face_steps": int(outcome.faces_changed[0]),
         "reached": bool(outcome.reached[0]),
+        "collapsed": bool(outcome.collapsed[0]),
     }
 
 
@@ -88,9 +89,10 @@ def _figures(outcome: Outcome) -> dict[str, float]:
 class Candidate:
     """A candidate long policy as :func:`judged_expansions` judged it: its gait's ``rank`` among its
     objective's ranked gaits, the expanded ``policy`` (cycles * n, 6), whether it ``reached`` every
-    target with the nominal parameters from the search's start, its mean ``score`` on the
-    objective (m or rad) over every run it was judged by, and the ``reached_share`` of the
-    perturbed starts from which it reached every target (1.0 when there were none)."""
+    target without folding the prism flat with the nominal parameters from the search's start,
+    its mean ``score`` on the objective (m or rad) over every run it was judged by (a run that
+    folded the prism flat scoring 0), and the ``reached_share`` of the perturbed starts from
+    which it reached every target without folding it (1.0 when there were none)."""
 
     rank: int
     policy: np.ndarray
@@ -131,7 +133,9 @@ def judged_expansions(
     ``params`` alone) from ``start``, and under ``params`` from each of ``starts``
     (:func:`~pipeline.gaits.ensemble.perturbed_starts`; None: none). Its score is the mean of
     :func:`~pipeline.gaits.search.objective_score` over all those runs, its reached share the
-    share of ``starts`` from which it reaches every target; :func:`pick_expansion` picks one.
+    share of ``starts`` from which it reaches every target; a run that folds the prism flat
+    (:attr:`~pipeline.gaits.outcome.Outcome.collapsed`) scores 0 and reaches nothing.
+    :func:`pick_expansion` picks one.
 
     Every candidate is expanded and run, because the best single cycle need not repeat well: in
     a main job's iteration 1 the best forward gait (0.342 m a cycle) left the robot, after its
@@ -150,9 +154,9 @@ def judged_expansions(
         gaits = np.stack([ranked[r].targets for r in ranks])
         policies = expand_in_engine(engine, params, robot, start, gaits, cycles, timeout_s)
         outcome = ensemble_outcome(engine, sets, robot, set_starts, policies, timeout_s)
-        scores = objective_score(ranked[0].objective, outcome.forward_m, outcome.rotation_rad)
+        scores = outcome.credited(objective_score(ranked[0].objective, outcome.forward_m, outcome.rotation_rad))
         means = ensemble_mean(scores, len(ranks))
-        reached = np.asarray(outcome.reached, dtype=float).reshape(-1, len(ranks))
+        reached = np.asarray(outcome.succeeded, dtype=float).reshape(-1, len(ranks))
         shares = reached[len(reached) - perturbed :].mean(0) if perturbed else np.ones(len(ranks))
         judged += [
             Candidate(rank, policies[row], bool(reached[0, row]), float(means[row]), float(shares[row]))
@@ -258,7 +262,7 @@ def run_gaits(
         shard_results = [
             search_gaits(engine, params, robot, start, c.search, k, c.search.shards) for k in range(c.search.shards)
         ]
-    result = merge_results(shard_results)
+    result = merge_results(shard_results).require_gaits()
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
 
     ensemble = ensemble_params(params, c.search.ensemble_motor_speed, c.search.ensemble_friction)
@@ -268,8 +272,8 @@ def run_gaits(
         published[name] = {
             "targets": targets.tolist(),
             **_figures(outcome),
-            "ensemble_forward_m": float(ensemble_mean(outcome.forward_m, 1)[0]),
-            "ensemble_rotation_deg": math.degrees(float(ensemble_mean(outcome.rotation_rad, 1)[0])),
+            "ensemble_forward_m": float(ensemble_mean(outcome.credited(outcome.forward_m), 1)[0]),
+            "ensemble_rotation_deg": math.degrees(float(ensemble_mean(outcome.credited(outcome.rotation_rad), 1)[0])),
         }
 
     policies = {}

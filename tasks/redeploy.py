@@ -29,7 +29,7 @@ from prefect.context import TaskRunContext
 
 from pipeline.config import LoadedConfigs, RobotConfig, StartPoseConfig
 from pipeline.errors import DataError
-from pipeline.gaits.outcome import heading_change_rad
+from pipeline.gaits.outcome import folded_flat, heading_change_rad
 from pipeline.hardware import make_robot
 from pipeline.hardware.base import Robot, StartPose
 from pipeline.policies import Policy
@@ -46,7 +46,7 @@ from tasks.sysid import sysid_robot
 from tasks.track import TRACKED_FILE, track_recording, write_tracked
 
 STAGE = "redeploy"
-STAGE_VERSION = "2"
+STAGE_VERSION = "3"
 RUNS_FILE = "runs.json"
 REPEATABILITY_FILE = "repeatability.json"
 
@@ -189,7 +189,7 @@ def run_redeploy(
         raise
     real = [caps_array(read_trajectory(r.folder / TRACKED_FILE, expect_source="tracked")[0]) for r in runs]
     atomic_write_json(stage_dir / RUNS_FILE, [run.to_json() for run in runs])
-    repeatability = _repeatability(runs, real)
+    repeatability = _repeatability(runs, real, robot.rod.length_m)
     atomic_write_json(stage_dir / REPEATABILITY_FILE, repeatability)
     summary: dict[str, object] = {"runs": len(runs)}
     for key, row in repeatability.items():
@@ -197,13 +197,15 @@ def run_redeploy(
     return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary
 
 
-def _repeatability(runs: list[Run], real: list[np.ndarray]) -> dict[str, dict[str, float]]:
+def _repeatability(runs: list[Run], real: list[np.ndarray], rod_length_m: float) -> dict[str, dict[str, float]]:
     """Per policy: mean and std over starts of the real final forward and lateral displacement (m,
-    start frame) and heading change (deg) (seed 000 Table I)."""
+    start frame) and heading change (deg) (seed 000 Table I), and how many of its runs folded the
+    prism flat (:func:`~pipeline.gaits.outcome.folded_flat`, rods ``rod_length_m`` long)."""
     out = {}
     for key in dict.fromkeys(r.policy_key for r in runs):
-        motions = np.array([motion_in_start_frame(c) for r, c in zip(runs, real, strict=True) if r.policy_key == key])
-        out[key] = {"runs": len(motions)}
+        caps = [c for r, c in zip(runs, real, strict=True) if r.policy_key == key]
+        motions = np.array([motion_in_start_frame(c) for c in caps])
+        out[key] = {"runs": len(motions), "collapsed_runs": sum(bool(folded_flat(c, rod_length_m)) for c in caps)}
         for j, name in enumerate(("forward_m", "lateral_m", "rotation_deg")):
             out[key][f"{name}_mean"] = float(motions[:, j].mean())
             out[key][f"{name}_std"] = float(motions[:, j].std(ddof=1)) if len(motions) > 1 else 0.0

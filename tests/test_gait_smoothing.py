@@ -69,7 +69,13 @@ def test_only_interior_reset_runs_are_transitions() -> None:
     np.testing.assert_array_equal(apply(targets, []), targets)
 
 
-def _outcome(forward: list[float], rotation: list[float], end_face: list[int], reached: list[bool]) -> Outcome:
+def _outcome(
+    forward: list[float],
+    rotation: list[float],
+    end_face: list[int],
+    reached: list[bool],
+    collapsed: list[bool] | None = None,
+) -> Outcome:
     n = len(forward)
     return Outcome(
         forward_m=np.array(forward),
@@ -78,6 +84,7 @@ def _outcome(forward: list[float], rotation: list[float], end_face: list[int], r
         start_face=np.zeros(n, int),
         end_face=np.array(end_face),
         reached=np.array(reached),
+        collapsed=np.zeros(n, bool) if collapsed is None else np.array(collapsed),
         final=None,
         trace=None,
     )
@@ -86,10 +93,14 @@ def _outcome(forward: list[float], rotation: list[float], end_face: list[int], r
 def test_agreement_needs_reach_face_distance_and_turn() -> None:
     reference = _outcome([0.2], [0.1], [2], [True])
     candidate = _outcome(
-        [0.24, 0.2, 0.2, 0.3, 0.2], [0.1, 0.1, 0.1, 0.1, 0.5], [2, 2, 1, 2, 2], [True, False] + [True] * 3
+        [0.24, 0.2, 0.2, 0.3, 0.2, 0.2],
+        [0.1, 0.1, 0.1, 0.1, 0.5, 0.1],
+        [2, 2, 1, 2, 2, 2],
+        [True, False] + [True] * 4,
+        collapsed=[False] * 5 + [True],
     )
     tolerance = Tolerance(forward_m=0.05, rotation_rad=0.2)
-    np.testing.assert_array_equal(agrees(candidate, reference, tolerance), [True, False, False, False, False])
+    np.testing.assert_array_equal(agrees(candidate, reference, tolerance), [True] + [False] * 5)
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from pipeline.config import GaitsConfig, GaitSearchConfig, SysidConfig
+from pipeline.errors import PolicyError
 from pipeline.gaits.ensemble import ensemble_outcome, ensemble_params, perturbed_starts, scenarios
 from pipeline.gaits.expansion import expand_in_engine
-from pipeline.gaits.outcome import simulate_targets
+from pipeline.gaits.outcome import COLLAPSE_HEIGHT_FRACTION, simulate_targets, summarise
 from pipeline.gaits.published import published_gait
 from pipeline.gaits.search import (
     OBJECTIVES,
@@ -25,6 +26,7 @@ from pipeline.gaits.search import (
     search_shapes,
 )
 from pipeline.physics import Engine, Params, RobotModel
+from pipeline.physics.rollout import Trace
 from pipeline.policies import REST_TARGET
 from tasks.gaits import PUBLISHED, Candidate, judged_expansions, pick_expansion, rest_start
 
@@ -84,15 +86,79 @@ def test_exhaustive_search_finds_the_best_single_shape_gait(default_configs, def
     )
     stats = result.stats
     assert stats.simulated[0] == 63 and stats.leaves + stats.unclosed == 63 - stats.unreachable[0]
-    assert stats.leaves == int(direct.reached.sum())
+    assert stats.leaves == int(direct.succeeded.sum())
     for objective in OBJECTIVES:
-        scores = np.where(direct.reached, objective_score(objective, direct.forward_m, direct.rotation_rad), -np.inf)
+        scores = np.where(direct.succeeded, objective_score(objective, direct.forward_m, direct.rotation_rad), -np.inf)
         found = result.gaits[objective]
         assert found.score() == pytest.approx(scores.max(), abs=1e-6), objective
         assert np.allclose(found.targets[0], shapes[int(np.argmax(scores))])
     assert result.gaits["forward"].forward_m > 0 > result.gaits["backward"].forward_m
     # no single shape turns the robot counter-clockwise from this start (the best: -0.005 rad)
     assert result.gaits["ccw"].rotation_rad > result.gaits["cw"].rotation_rad and result.gaits["cw"].rotation_rad < 0
+
+
+FOLD = np.vstack([[0.0, 0.9, 0.0, 0.0, 0.9, 0.0], REST_TARGET])
+"""From the rest pose, four actuated cables retracted lay the prism flat: in the engine with the
+robot config's values (highest end cap 0.064 rod lengths above the ground, forward 0.079 m, the
+rest shape not reached in 1 s) and on the twin (0.061)."""
+
+
+def test_a_run_that_folds_the_prism_flat_is_a_failure(default_configs, default_engine) -> None:
+    """The engine lays the prism flat under :data:`FOLD` and not under the published rolling gait:
+    the first run is collapsed, does not succeed and is credited no motion; the other keeps its
+    figures."""
+    engine, params, start = default_engine
+    robot = default_configs.robot
+    rolling = PUBLISHED["rolling"]
+    padded = np.stack([np.vstack([FOLD] + [REST_TARGET] * (len(rolling) - len(FOLD))), rolling])
+    outcome = simulate_targets(engine, params.expand(2), robot, start.repeat(2), padded, 1.0)
+    highest = outcome.trace.caps_m[..., 2].max(-1).values.min(-1).values.numpy() / robot.rod.length_m
+    assert highest[0] < 0.08 and highest[1] > 0.3
+    np.testing.assert_array_equal(outcome.collapsed, [True, False])
+    assert not outcome.succeeded[0] and outcome.succeeded[1] == outcome.reached[1]
+    assert abs(outcome.forward_m[0]) > 0.02  # the flat robot did move
+    np.testing.assert_array_equal(outcome.credited(outcome.forward_m), [0.0, outcome.forward_m[1]])
+
+
+def test_the_search_drops_the_moves_that_fold_the_prism_flat(default_configs, default_engine) -> None:
+    """From the prism laid flat by :data:`FOLD`, every move to a search shape keeps it flat, and one
+    reaches its shape all the same: the search drops them all (counted as folded) and says that it
+    found no gait."""
+    engine, params, start = default_engine
+    robot = default_configs.robot
+    folded = simulate_targets(engine, params, robot, start, FOLD, 2.0).final
+    flat = folded.replace(vel=torch.zeros_like(folded.vel), omega=torch.zeros_like(folded.omega))
+    shapes = search_shapes(robot)[1:]
+    moves = simulate_targets(engine, params.expand(len(shapes)), robot, flat.repeat(len(shapes)), shapes[:, None], 2.0)
+    assert moves.collapsed.all() and moves.reached.any()
+    config = GaitSearchConfig(depth=2, merge_position_m=0.0, merge_velocity_m_s=0.0)
+    result = search_gaits(engine, params, robot, flat, config)
+    assert result.stats.collapsed == [63] and result.stats.unreachable == [63] and result.stats.leaves == 0
+    with pytest.raises(PolicyError, match=r"no forward / backward / ccw / cw gait .* \(63 folded it\)"):
+        result.require_gaits()
+
+
+def test_a_fold_counts_only_before_the_run_is_done(default_configs) -> None:
+    """Collapsed means flat at some tick up to the one the run finished: two hand-made runs of three
+    ticks, one flat at tick 1 and done at tick 2, the other done at tick 1 and flat at tick 2 (a
+    batch's finished runs are padded while others go on)."""
+    robot = default_configs.robot
+    half, low = robot.rod.length_m / 2, COLLAPSE_HEIGHT_FRACTION * robot.rod.length_m
+    standing = np.array(
+        [[-half, 0, 0.02], [half, 0, 0.2], [0, -half, 0.02], [0, half, 0.2], [0.1, 0.1, 0.02], [0.1, -0.1, 0.2]]
+    )
+    flat = standing * [1, 1, 0] + [0, 0, 0.9 * low]
+    caps = torch.as_tensor(np.stack([[standing, flat, standing], [standing, standing, flat]]))
+    trace = Trace(
+        t_s=torch.tensor([0.0, 0.02, 0.04]),
+        caps_m=caps,
+        cables_m=torch.zeros(2, 3, 9),
+        segment=torch.zeros(2, 3, dtype=torch.long),
+        control=torch.zeros(2, 3, 6),
+        finished=torch.tensor([[False, False, True], [False, True, True]]),
+    )
+    outcome = summarise(robot, trace, torch.ones(2, 1, 6), 0.0, None)
+    np.testing.assert_array_equal(outcome.collapsed, [True, False])
 
 
 def test_sharded_exhaustive_search_gives_the_same_gaits(default_configs, default_engine) -> None:
@@ -198,7 +264,8 @@ def test_candidates_are_judged_over_the_ensemble_and_the_perturbed_starts(defaul
     """A candidate's score is its mean over every run it is judged by: each parameter set of the
     ensemble from the search's start, then the nominal parameters from each perturbed start (row
     ``k * N + i`` of the joint outcome is policy i run alone that way); its reached share is over
-    the perturbed starts."""
+    the perturbed starts. A candidate that folds the prism flat in every run scores 0, however far
+    the flat robot moved, and reaches nothing."""
     engine, params, start = default_engine
     robot = default_configs.robot
     ensemble = ensemble_params(params, 0.0, 0.15)
@@ -209,20 +276,24 @@ def test_candidates_are_judged_over_the_ensemble_and_the_perturbed_starts(defaul
         ensemble_outcome(engine, sets, robot, starts, PUBLISHED["rolling"][None], 1.0)
     rolling = FoundGait("forward", PUBLISHED["rolling"], 0.3, 0.0, 0.0, 1, 2.0, reached=True)
     wiggle = FoundGait("forward", np.vstack([np.eye(6)[:2] * -0.1 + 1, REST_TARGET]), 0.0, 0.0, 0.0, 0, 2.0, True)
-    judged = judged_expansions(engine, params, robot, start, [rolling, wiggle], 1, 1.0, ensemble, starts)
-    assert [c.rank for c in judged] == [0, 1]
+    fold = FoundGait("forward", FOLD, 0.079, 0.0, 0.0, 0, 2.0, reached=False)
+    judged = judged_expansions(engine, params, robot, start, [rolling, wiggle, fold], 1, 1.0, ensemble, starts)
+    assert [c.rank for c in judged] == [0, 1, 2]
     policy = judged[0].policy
     alone = []
     for k in range(5):
         one = Params(**{name: value[k : k + 1] for name, value in sets.as_dict().items()})
         alone.append(simulate_targets(engine, one, robot, set_starts.index(slice(k, k + 1)), policy, 1.0))
-    joint = ensemble_outcome(engine, sets, robot, set_starts, np.stack([c.policy for c in judged]), 1.0)
+    joint = ensemble_outcome(engine, sets, robot, set_starts, np.stack([c.policy for c in judged[:2]]), 1.0)
     for k, run in enumerate(alone):
         assert joint.forward_m[2 * k] == pytest.approx(float(run.forward_m[0]), abs=1e-9)
     forward = [float(run.forward_m[0]) for run in alone]
     assert judged[0].score == pytest.approx(np.mean(forward), abs=1e-9)
     assert judged[0].reached_share == np.mean([bool(run.reached[0]) for run in alone[3:]])
     assert np.ptp(forward[3:]) > 1e-3  # the perturbed starts do move the robot differently
+    folds = ensemble_outcome(engine, sets, robot, set_starts, judged[2].policy[None], 1.0)
+    assert folds.collapsed.all() and np.abs(folds.forward_m).min() > 0.01
+    assert judged[2].score == 0.0 and not judged[2].reached and judged[2].reached_share == 0.0
 
 
 def test_the_pick_passes_over_a_policy_that_works_from_its_one_start_alone() -> None:

@@ -77,6 +77,7 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     assert (real > 0).all()  # the published ccw turn turns the twin counter-clockwise from every start
     repeatability = json.loads((stage / REPEATABILITY_FILE).read_text())["turning"]
     assert repeatability["rotation_deg_mean"] == pytest.approx(real.mean())
+    assert repeatability["collapsed_runs"] == 0  # the published turn keeps the prism standing
     assert summary["repeatability.turning.rotation_deg_mean"] == pytest.approx(real.mean())
     assert gap_summary["gap.after.com_error_m"] == pytest.approx(after["com_error_m"].mean())
     assert gap_summary["gap.after.turning.com_error_m"] == pytest.approx(after["com_error_m"].mean())

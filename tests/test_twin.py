@@ -7,6 +7,7 @@ import pytest
 
 from pipeline.control import REST_LENGTH_LIMITS_M
 from pipeline.errors import HardwareError
+from pipeline.gaits.outcome import folded_flat
 from pipeline.gaits.symmetry import bottom_face, count_rolls
 from pipeline.hardware.base import FramePacket, GroundTruthPacket, SensorPacket, StartPose
 from pipeline.hardware.twin import MujocoTwin
@@ -164,6 +165,19 @@ def test_published_turning_gaits_turn_in_their_published_sense(twin) -> None:
     _, _, cw = _gait_outcome(twin, "cw")
     assert ccw > 5.0  # counter-clockwise: heading increases
     assert cw < -5.0
+
+
+def test_the_twin_folds_the_prism_flat_where_the_engine_does(twin) -> None:
+    """From the rest pose, four actuated cables retracted (the gaits tests' ``FOLD``) lay the prism
+    flat on the twin too: the rods slide over one another until every end cap is on the ground
+    (:func:`~pipeline.gaits.outcome.folded_flat`); the published rolling gait does not."""
+    fold = Policy("fold", np.array([[0.0, 0.9, 0.0, 0.0, 0.9, 0.0], [1.0] * 6]))
+    _, truth, _ = _run(twin, fold)
+    caps = np.array([p.caps_m for p in truth])
+    assert folded_flat(caps, twin.robot.rod.length_m)
+    assert caps[0, :, 2].max() > 0.1 and caps[:, :, 2].max(-1).min() < 2.5 * twin.robot.end_cap.radius_m
+    rolling, _, _ = _gait_outcome(twin, "rolling")
+    assert not folded_flat(rolling, twin.robot.rod.length_m)
 
 
 def test_reset_places_the_robot_at_a_start_pose(twin) -> None:

@@ -7,6 +7,16 @@ search, the smoothing check and the simulated side of the sim-to-real gap read i
 Directions (DESIGN §4): heading = principal axis rotated +90 deg about z; "forward"
 is the centre-of-mass displacement along the *start* heading, "rotation" the change of
 heading, counter-clockwise (seen from above) positive.
+
+A run can also fold the prism flat: the rods slide over one another until every end cap lies on
+the ground, and the flat robot then crawls where its cables pull it. This is the robot's doing,
+not the engine's: from the rest pose, the shape (0, 0.9, 0, 0, 0.9, 0) (four actuated cables
+retracted) lays the prism flat in the engine and on the twin alike (highest end cap 0.064 and
+0.061 rod lengths above the ground). In a main job's iteration 1 a turning policy folded it in 4
+of its 13 judging runs (a parameter set and three perturbed starts) and spun 660-920 deg over
+three cycles, where it turned 45-48 deg in the others and on the twin; those runs carried its
+mean score. Such a run is a failure, whatever it moved: :attr:`Outcome.collapsed` flags it,
+:attr:`Outcome.succeeded` leaves it out and :meth:`Outcome.credited` counts it as no motion.
 """
 
 from __future__ import annotations
@@ -23,6 +33,14 @@ from pipeline.physics.params import Params
 from pipeline.physics.rollout import Trace, run_policy
 from pipeline.robot_model import heading_rad, principal_axis
 
+COLLAPSE_HEIGHT_FRACTION = 0.1
+"""A run folded the prism flat if at some tick its highest end-cap centre was lower than this
+fraction of a rod length above the ground. Over the gait searches of a main job's two iterations
+(19 474 and 19 469 runs) that lowest height fell in two groups: 0.061-0.08 rod lengths (6-7 % of
+the runs, the prism flat: every end cap on the ground, rods lying across one another, 43-45 % of
+them reaching their targets all the same) and from 0.08 up (4 and 8 runs below 0.12, 94 % above
+0.3: standing, or tipping over an edge)."""
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -31,7 +49,8 @@ class Outcome:
     ``lateral_m`` along the start heading rotated +90 deg (m), ``rotation_rad`` heading change
     (rad, ccw positive, :func:`heading_change_rad`), ``start_face`` / ``end_face`` indices into
     :data:`~pipeline.gaits.symmetry.FACES`, ``reached`` whether every target was reached before
-    its timeout; ``final`` the engine state at the end and ``trace`` the rollout."""
+    its timeout, ``collapsed`` whether the prism folded flat on the way
+    (:data:`COLLAPSE_HEIGHT_FRACTION`); ``final`` the engine state at the end and ``trace`` the rollout."""
 
     forward_m: np.ndarray
     lateral_m: np.ndarray
@@ -39,6 +58,7 @@ class Outcome:
     start_face: np.ndarray
     end_face: np.ndarray
     reached: np.ndarray
+    collapsed: np.ndarray
     final: State
     trace: Trace
 
@@ -46,6 +66,22 @@ class Outcome:
     def faces_changed(self) -> np.ndarray:
         """Forward face steps (B,) from start to end face, mod 3 (0: same face)."""
         return (self.end_face - self.start_face) % 3
+
+    @property
+    def succeeded(self) -> np.ndarray:
+        """Whether each run (B,) reached every target without folding the prism flat."""
+        return self.reached & ~self.collapsed
+
+    def credited(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (B,), one per run (a displacement, a rotation, a score), with 0 for the runs
+        that folded the prism flat: what such a run moved is not a gait's doing."""
+        return np.where(self.collapsed, 0.0, np.asarray(values, dtype=float))
+
+
+def folded_flat(caps_m: np.ndarray, rod_length_m: float) -> np.ndarray:
+    """Whether the prism lay flat at some sample of the end caps ``caps_m`` (..., T, 6, 3) (m, z up
+    from the ground), rods ``rod_length_m`` long (:data:`COLLAPSE_HEIGHT_FRACTION`): (...,) bool."""
+    return caps_m[..., 2].max(-1).min(-1) < COLLAPSE_HEIGHT_FRACTION * rod_length_m
 
 
 def heading_change_rad(caps_m: np.ndarray, max_tilt: float = 0.7) -> float:
@@ -79,6 +115,7 @@ def summarise(robot: RobotConfig, trace: Trace, targets: torch.Tensor, final_hol
         start_face=np.array([bottom_face(c) for c in caps[:, 0]]),
         end_face=np.array([bottom_face(c) for c in caps[rows, end]]),
         reached=_all_reached(robot, trace, targets.detach().numpy(), final_hold_s),
+        collapsed=np.array([folded_flat(caps[b, : end[b] + 1], robot.rod.length_m) for b in rows], dtype=bool),
         final=final,
         trace=trace,
     )

@@ -15,7 +15,10 @@ Where it prunes, and why:
   it (the long cable shortened to the longest feasible length, e.g. 1 -> 0.8), not
   dropped; shapes that the repair makes identical are one node;
 * **unreachable edges**: a child whose cables did not reach its target before
-  ``transition_timeout_s`` is dropped (the robot could not make that shape from there);
+  ``transition_timeout_s`` is dropped (the robot could not make that shape from there), and so
+  is one whose move folded the prism flat (:attr:`~pipeline.gaits.outcome.Outcome.collapsed`:
+  6-7 % of a main job's edges, half of them reaching their shape all the same; the flat robot's
+  crawl is no gait);
 * **beam** (from level ``exact_levels + 1`` on, if ``beam_width`` is set): a level's
   nodes are ranked per objective by the gait they make when closed with the rest shape
   now, and the best ``beam_width`` per objective are expanded; the rest are pruned.
@@ -31,8 +34,9 @@ backward) and heading change (ccw, cw). The best ``validate_top * pool`` leaves 
 objective are then run again as whole gaits from the start state, exactly as the robot
 would execute them (no pause between targets), once under each parameter set of an
 ensemble around the search's parameters (:mod:`pipeline.gaits.ensemble`); per objective
-they are ranked by their mean score over the ensemble, those that reached every target
-(nominal parameters) first, the ``validate_top`` best are kept, and the first is the
+they are ranked by their mean score over the ensemble (a run that folds the prism flat
+counting as no motion), those that reached every target without folding it (nominal
+parameters) first, the ``validate_top`` best are kept, and the first is the
 objective's gait. The ranking lets a caller fall back to the next gait where the
 best one fails when repeated (the gaits stage expands each into a policy of several cycles).
 
@@ -52,6 +56,7 @@ import numpy as np
 import torch
 
 from pipeline.config import GaitSearchConfig, RobotConfig
+from pipeline.errors import PolicyError
 from pipeline.gaits.ensemble import ensemble_mean, ensemble_outcome, ensemble_params
 from pipeline.gaits.outcome import Outcome, simulate_targets
 from pipeline.physics.engine import Engine, State
@@ -69,9 +74,10 @@ class FoundGait:
     """A gait from the search: ``targets`` (n, 6) ending at the rest shape, for face 0; its
     validated ``forward_m`` (m along the start heading), ``lateral_m`` (m), ``rotation_rad`` (ccw
     positive), ``face_steps`` (forward face changes per cycle, mod 3), ``duration_s`` (s),
-    whether it ``reached`` every target, and ``ensemble_forward_m`` (m) and ``ensemble_rotation_rad``
-    its mean forward displacement and rotation over the validation's parameter ensemble
-    (:mod:`pipeline.gaits.ensemble`; None: not validated in one)."""
+    whether it ``reached`` every target without folding the prism flat, and
+    ``ensemble_forward_m`` (m) and ``ensemble_rotation_rad`` its mean forward displacement and
+    rotation over the validation's parameter ensemble, a run that folded the prism flat counted
+    as none (:mod:`pipeline.gaits.ensemble`; None: not validated in one)."""
 
     objective: str
     targets: np.ndarray
@@ -97,10 +103,12 @@ class FoundGait:
 
 @dataclass
 class SearchStats:
-    """What the search did, level by level: simulated edges, dropped as unreachable, merged away."""
+    """What the search did, level by level: simulated edges, dropped as unreachable (of those, how
+    many folded the prism flat), merged away."""
 
     simulated: list[int] = field(default_factory=list)
     unreachable: list[int] = field(default_factory=list)
+    collapsed: list[int] = field(default_factory=list)
     merged: list[int] = field(default_factory=list)
     beam_pruned: list[int] = field(default_factory=list)
     leaves: int = 0
@@ -114,6 +122,7 @@ class SearchStats:
             "shapes": self.shapes,
             "simulated_per_level": self.simulated,
             "unreachable_per_level": self.unreachable,
+            "collapsed_per_level": self.collapsed,
             "merged_per_level": self.merged,
             "beam_pruned_per_level": self.beam_pruned,
             "simulated": int(sum(self.simulated)) + self.leaves,
@@ -139,8 +148,22 @@ class SearchResult:
 
     @property
     def gaits(self) -> dict[str, FoundGait]:
-        """The best gait per objective."""
+        """The best gait per objective (every objective must have one: :meth:`require_gaits`)."""
         return {objective: ranked[0] for objective, ranked in self.candidates.items()}
+
+    def require_gaits(self) -> SearchResult:
+        """This result, if every objective has a gait; else a :class:`~pipeline.errors.PolicyError`
+        that says which have none and what the search dropped."""
+        missing = [objective for objective, ranked in self.candidates.items() if not ranked]
+        if missing:
+            s = self.stats
+            raise PolicyError(
+                f"gait search: no {' / '.join(missing)} gait from the start: of {sum(s.simulated)} simulated "
+                f"moves {sum(s.unreachable)} did not reach their shape or folded the prism flat "
+                f"({sum(s.collapsed)} folded it), {s.unclosed} paths did not return to rest; is the "
+                "start flat, or are the identified parameters far off?"
+            )
+        return self
 
     def to_json(self) -> dict[str, object]:
         candidates = {
@@ -212,9 +235,12 @@ class GaitSearch:
         heading = float(heading_rad(engine.cap_positions(start).numpy()[0]))
         self.forward_dir = np.array([np.cos(heading), np.sin(heading)])
 
-    def _edges(self, frontier: _Frontier, children: np.ndarray, settle_s: float) -> tuple[_Frontier, np.ndarray]:
+    def _edges(
+        self, frontier: _Frontier, children: np.ndarray, settle_s: float
+    ) -> tuple[_Frontier, np.ndarray, np.ndarray]:
         """Simulate each frontier node going to each of its ``children`` (N, C) shape indices (-1:
-        none) in one batch; returns the children as a frontier and which reached their shape."""
+        none) in one batch; returns the children as a frontier, which reached their shape without
+        folding the prism flat, and which folded it."""
         parent, slot = np.nonzero(children >= 0)
         shape = children[parent, slot]
         state = _index_state(frontier.state, parent)
@@ -234,7 +260,7 @@ class GaitSearch:
         turn = frontier.turn_rad[parent] + _wrap(heading_rad(last) - heading_rad(first))
         paths = np.concatenate([frontier.paths[parent], shape[:, None]], axis=1)
         finite = np.isfinite(last).all(axis=(1, 2)) & np.isfinite(first).all(axis=(1, 2))
-        return _Frontier(paths, outcome.final, com, turn), outcome.reached & finite
+        return _Frontier(paths, outcome.final, com, turn), outcome.succeeded & finite, outcome.collapsed
 
     def _scores(self, frontier: _Frontier) -> np.ndarray:
         """(N, 4) objective values of the nodes' accumulated motion."""
@@ -290,14 +316,18 @@ class GaitSearch:
                     keep = self._beam(leaf, closed_rows)
                     stats.beam_pruned.append(len(frontier.paths) - len(keep))
                     frontier, children = self._subset(frontier, keep), children[keep]
-            frontier, reached = self._edges(frontier, children, settle_s=0.0)
+            frontier, reached, collapsed = self._edges(frontier, children, settle_s=0.0)
             stats.simulated.append(len(reached))
             stats.unreachable.append(int((~reached).sum()))
+            stats.collapsed.append(int(collapsed.sum()))
             frontier = self._subset(frontier, np.flatnonzero(reached))
+            if not len(frontier.paths):
+                break
             keep = self._merge(frontier)
             stats.merged.append(len(frontier.paths) - len(keep))
             frontier = self._subset(frontier, keep)
-        leaves.append(self._close(frontier, stats)[0])
+        if len(frontier.paths):
+            leaves.append(self._close(frontier, stats)[0])
         stats.leaves = sum(len(leaf.paths) for leaf in leaves)
         candidates = self._validate(leaves, stats)
         stats.wall_s = time.perf_counter() - began
@@ -310,9 +340,9 @@ class GaitSearch:
 
     def _close(self, frontier: _Frontier, stats: SearchStats) -> tuple[_Frontier, np.ndarray]:
         """Every node of ``frontier`` back to the rest shape, settled (the leaves), and the
-        frontier rows they close; those that did not reach the rest shape are dropped (counted
-        in ``stats.unclosed``)."""
-        closed, reached = self._edges(frontier, np.zeros((len(frontier.paths), 1), dtype=int), self.config.settle_s)
+        frontier rows they close; those that did not reach the rest shape, or folded the prism
+        flat, are dropped (counted in ``stats.unclosed``)."""
+        closed, reached, _ = self._edges(frontier, np.zeros((len(frontier.paths), 1), dtype=int), self.config.settle_s)
         rows = np.flatnonzero(reached)
         stats.unclosed += int((~reached).sum())
         return self._subset(closed, rows), rows
@@ -330,7 +360,9 @@ class GaitSearch:
     def _validate(self, leaves: list[_Frontier], stats: SearchStats) -> dict[str, list[FoundGait]]:
         """Re-run the best ``validate_top * pool`` leaves per objective as whole gaits from the start,
         under each parameter set of the ensemble; per objective, its ``validate_top`` best
-        validated gaits, ranked by their mean score over the ensemble."""
+        validated gaits, ranked by their mean score over the ensemble (none where there is no leaf)."""
+        if not sum(len(leaf.paths) for leaf in leaves):
+            return {objective: [] for objective in OBJECTIVES}
         candidates: dict[tuple[int, ...], None] = {}
         paths = [leaf.paths[:, :-1] for leaf in leaves]
         scores = np.concatenate([self._scores(leaf) for leaf in leaves])
@@ -355,8 +387,8 @@ class GaitSearch:
             final_hold_s=self.config.settle_s,
         )
         stats.validated = len(sequences)
-        forward_m = ensemble_mean(outcome.forward_m, len(sequences))
-        rotation_rad = ensemble_mean(outcome.rotation_rad, len(sequences))
+        forward_m = ensemble_mean(outcome.credited(outcome.forward_m), len(sequences))
+        rotation_rad = ensemble_mean(outcome.credited(outcome.rotation_rad), len(sequences))
         found = {}
         for objective in OBJECTIVES:
             gaits = (
@@ -386,7 +418,7 @@ class GaitSearch:
             rotation_rad=float(outcome.rotation_rad[row]),
             face_steps=int(outcome.faces_changed[row]),
             duration_s=end_s - self.config.settle_s,
-            reached=bool(outcome.reached[row]),
+            reached=bool(outcome.succeeded[row]),
             ensemble_forward_m=float(ensemble_means[0]),
             ensemble_rotation_rad=float(ensemble_means[1]),
         )
@@ -412,7 +444,7 @@ def merge_results(results: list[SearchResult]) -> SearchResult:
     counts summed level by level (``wall_s``: the shards' total)."""
     candidates = {o: sorted((g for r in results for g in r.candidates[o]), key=_rank_key) for o in OBJECTIVES}
     stats = SearchStats(shapes=results[0].stats.shapes)
-    for name in ("simulated", "unreachable", "merged", "beam_pruned"):
+    for name in ("simulated", "unreachable", "collapsed", "merged", "beam_pruned"):
         per_level = [getattr(r.stats, name) for r in results]
         width = max(len(levels) for levels in per_level)
         setattr(stats, name, [sum(levels[i] for levels in per_level if i < len(levels)) for i in range(width)])

@@ -110,10 +110,11 @@ def smooth(targets: np.ndarray) -> tuple[np.ndarray, list[Shortcut]]:
 
 
 def agrees(outcome: Outcome, reference: Outcome, tolerance: Tolerance) -> np.ndarray:
-    """Whether each environment (B,) of ``outcome`` reached all its targets, ended on the face
-    environment 0 of ``reference`` ended on, and moved and turned within ``tolerance`` of it."""
+    """Whether each environment (B,) of ``outcome`` reached all its targets without folding the
+    prism flat, ended on the face environment 0 of ``reference`` ended on, and moved and turned
+    within ``tolerance`` of it."""
     return (
-        outcome.reached
+        outcome.succeeded
         & (outcome.end_face == reference.end_face[0])
         & (np.abs(outcome.forward_m - reference.forward_m[0]) <= tolerance.forward_m)
         & (np.abs(outcome.rotation_rad - reference.rotation_rad[0]) <= tolerance.rotation_rad)
