@@ -358,6 +358,7 @@ def _summary(found: dict[str, FoundGait], published: dict, policies: dict, searc
         "search_wall_s": search["wall_s"],
         "search_simulated": search["simulated"],
         "search_pruned": search["pruned"],
+        "search_collapsed": sum(search["collapsed_per_level"]),
     }
     for objective in OBJECTIVES:
         gait = found[objective]

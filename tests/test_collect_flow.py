@@ -264,13 +264,15 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     for name, policy in policies.items():  # each judged over the parameter ensemble and 3 perturbed starts
         assert policy["expansion"]["perturbed_starts"] == 3 and 0 <= policy["expansion"]["reached_share"] <= 1
         assert run.data.metrics[f"gaits.policy.{name}.expansion_reached_share"] == policy["expansion"]["reached_share"]
-    found = json.loads((gaits_dir / "gaits.json").read_text())["found"]
+    gaits_json = json.loads((gaits_dir / "gaits.json").read_text())
+    found, found_search = gaits_json["found"], gaits_json["search"]
     assert found["ccw"]["rotation_deg"] >= found["cw"]["rotation_deg"]  # depth 2 here: whatever turns most
     assert found["forward"]["forward_m"] > found["backward"]["forward_m"]
     table = pq.read_table(gaits_dir / "gaits.parquet").to_pandas()  # ensemble means of found and published gaits
     assert set(table["source"]) == {"found", "published"}
     assert table[["ensemble_forward_m", "ensemble_rotation_deg"]].notna().all().all()
     assert "gaits.forward.forward_m" in run.data.metrics and "gaits.search_simulated" in run.data.metrics
+    assert run.data.metrics["gaits.search_collapsed"] == sum(found_search["collapsed_per_level"])
     redeploy_dir = Path(first["stages"]["redeploy"]["ref"]["path"])
     runs = sorted(p.name for p in redeploy_dir.iterdir() if (p / "tracked.parquet").is_file())
     assert runs == ["turning-start0", "turning-start1", "turning-start2"]
