@@ -39,6 +39,7 @@ from storage.tracking import (
     log_params_once,
     set_tags,
 )
+from tasks import collect as collect_module
 from tasks import gaits as gaits_module
 from tasks import redeploy as redeploy_module
 from tasks.attach import attach
@@ -111,7 +112,9 @@ def r2s2r_iteration(
     all). ``refresh`` stages are recomputed even if cached. With ``hardware`` false the stages
     that drive the hardware are read from disk, and if the redeploy runs on disk are not of the
     current gaits, ``redeploy`` and ``evaluate`` are skipped (the robot would have to run the new
-    gaits first); their summary entries say so. Returns a summary with
+    gaits first); their summary entries say so. A later iteration's collect still runs where it
+    only copies the previous iteration's redeploy runs (:func:`tasks.collect.needs_hardware`), so
+    that it never holds a copy of runs since recorded again. Returns a summary with
     the MLflow run id and, per stage, its ref, whether it came from the cache and its wall time
     (s; shards and redeploy runs included), or why it was skipped.
     """
@@ -143,7 +146,8 @@ def r2s2r_iteration(
             """Run ``stage`` (if wanted and allowed) by ``call(stage task)``; note its ref."""
             if stage not in wanted:
                 return
-            if not hardware and stage in HARDWARE_STAGES:
+            without_robot = stage == "collect" and not collect_module.needs_hardware(configs, iteration)
+            if not hardware and stage in HARDWARE_STAGES and not without_robot:
                 if stage == "collect" or is_cached(redeploy_key()):  # the recording on disk is this config's
                     summary["stages"][stage] = {"ref": ref(stage), "cached": True, "note": "hardware not run"}
                 else:

@@ -212,6 +212,27 @@ def _copy_redeploy_runs(layout: RunLayout, iteration: int, stage_dir: Path) -> d
     return {"redeploy_runs": len(runs), "redeploy_duration_s": float(sum(durations)), SOURCE_KEY: previous.sha256}
 
 
+def needs_hardware(configs: LoadedConfigs, iteration: int) -> bool:
+    """Whether :func:`run_collect` (not ``fresh``) would run the robot for ``iteration``: iteration 1
+    without a complete collection, or a later one that records a random policy of its own
+    (``redeploy_and_random``) and has none to carry over. Copying iteration k - 1's redeploy runs,
+    again when the collection holds other ones, needs no robot."""
+    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    stage_dir = layout.stage_dir(iteration, STAGE)
+    existing = complete_stage_ref(stage_dir)
+    random = configs.pipeline.collect.later_iterations == "redeploy_and_random"
+    if existing is None:
+        return iteration == 1 or random
+    if iteration == 1:
+        return False
+    earlier = read_manifest(existing, verify_files=False)["summary"]
+    if earlier.get(SOURCE_KEY) == _redeploy_sha(layout, iteration):
+        return False
+    policy = collect_policy(configs, seed_offset=iteration - 1)
+    carried = earlier.get("policy_id") == policy.policy_id and (stage_dir / policy.policy_id).is_dir()
+    return random and not carried
+
+
 def _redeploy_sha(layout: RunLayout, iteration: int) -> str | None:
     """The manifest sha256 of iteration ``iteration - 1``'s complete redeploy stage (None: none)."""
     previous = complete_stage_ref(layout.stage_dir(iteration - 1, "redeploy"))

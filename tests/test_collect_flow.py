@@ -31,7 +31,7 @@ from storage.recording import (
 )
 from storage.tracking import ITERATION_TAG, client_for
 from storage.trajectory import read_trajectory
-from tasks.collect import SOURCE_KEY, run_collect
+from tasks.collect import SOURCE_KEY, needs_hardware, run_collect
 
 from .conftest import write_test_pipeline
 
@@ -103,7 +103,9 @@ def test_a_later_collect_follows_the_redeploy_runs_it_copies(tmp_path: Path, twi
     """Iteration 2 collects iteration 1's redeploy runs. Unchanged, a rerun returns the same
     collection; once they are recorded again (new gaits, so new redeploy runs), a rerun copies the
     new ones and keeps the old collection aside, and with ``redeploy_and_random`` carries the
-    iteration's own random recording over instead of running the hardware again."""
+    iteration's own random recording over instead of running the hardware again: only a first
+    collection of the random policy needs the robot (``needs_hardware``, which lets a flow without
+    the hardware copy the new runs)."""
     config = write_test_pipeline(tmp_path, campaign="stale", n_targets=2, later_iterations="redeploy_and_random")
     configs = load_all(config)
     layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
@@ -128,14 +130,22 @@ def test_a_later_collect_follows_the_redeploy_runs_it_copies(tmp_path: Path, twi
         yield from original(self, *args, **kwargs)
 
     redeploy_run(seed=1)
+    copy_only = load_all(config, {"collect.later_iterations": "redeploy"})
+    assert needs_hardware(configs, 1) and needs_hardware(configs, 2) and not needs_hardware(copy_only, 2)
     monkeypatch.setattr(MujocoTwin, "execute", counting_execute)
     first, summary = run_collect(configs, iteration=2, robot=twin, show_progress=False)
+    assert not needs_hardware(configs, 2)
     assert executions == [1] and summary[SOURCE_KEY] == complete_stage_ref(redeploy_dir).sha256
     random_policy_id = summary["policy_id"]
     assert run_collect(configs, iteration=2, robot=twin, show_progress=False)[0] == first
     monkeypatch.setattr(MujocoTwin, "execute", original)
     shutil.rmtree(redeploy_dir)
     redeploy_run(seed=2)
+    assert not needs_hardware(configs, 2)  # stale, its random recording carried over
+    policy_id = summary["policy_id"]
+    shutil.move(Path(first.path) / policy_id, tmp_path / policy_id)
+    assert needs_hardware(configs, 2)  # stale and nothing to carry over: the robot records it again
+    shutil.move(tmp_path / policy_id, Path(first.path) / policy_id)
     monkeypatch.setattr(MujocoTwin, "execute", counting_execute)
     second, summary = run_collect(configs, iteration=2, robot=twin, show_progress=False)
     assert executions == [1] and second.sha256 != first.sha256
