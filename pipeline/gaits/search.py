@@ -16,9 +16,10 @@ Where it prunes, and why:
   dropped; shapes that the repair makes identical are one node;
 * **unreachable edges**: a child whose cables did not reach its target before
   ``transition_timeout_s`` is dropped (the robot could not make that shape from there), and so
-  is one whose move folded the prism flat (:attr:`~pipeline.gaits.outcome.Outcome.collapsed`:
-  6-7 % of a main job's edges, half of them reaching their shape all the same; the flat robot's
-  crawl is no gait);
+  is one whose move folded the prism flat (:attr:`~pipeline.gaits.outcome.Outcome.collapsed`;
+  the flat robot's crawl is no gait). Without this rule 6 % of the runs of a main job's
+  iteration-1 search ended flat, 43 % of those reaching their shape all the same, and the search
+  went on from them; with it, 1.6 % of that search's moves are dropped for folding the prism;
 * **beam** (from level ``exact_levels + 1`` on, if ``beam_width`` is set): a level's
   nodes are ranked per objective by the gait they make when closed with the rest shape
   now, and the best ``beam_width`` per objective are expanded; the rest are pruned.
