@@ -5,10 +5,11 @@ iteration's summary (DESIGN §1.6; seed 000 Table II).
 robot config's parameters ("before" sysid) and with the identified ones ("after"), one batch
 per policy. The redeploy runs were never fitted, so this is the held-out gap. Per run and
 engine: final centre-of-mass error (m and % of rod length) and heading error (deg), sim vs
-real (``gap.parquet``), and a top view of the paths (``plots/<run>.png``). ``summary.md`` is
-the iteration at a glance: the gap per policy, the identified values (and, on the twin, their
-errors against the hidden truth), the gaits found; the stage task also publishes it as a
-Prefect markdown artifact that names the iteration's MLflow run, so the two UIs link up.
+real, and whether either execution folded the prism flat (``gap.parquet``), and a top view of
+the paths (``plots/<run>.png``). ``summary.md`` is the iteration at a glance: the gap per
+policy, the identified values (and, on the twin, their errors against the hidden truth), the
+gaits found; the stage task also publishes it as a Prefect markdown artifact that names the
+iteration's MLflow run, so the two UIs link up.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.context import TaskRunContext
 
 from pipeline.config import LoadedConfigs, RobotConfig
-from pipeline.gaits.outcome import simulate_targets
+from pipeline.gaits.outcome import folded_flat, simulate_targets
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.rollout import settle, state_from_caps
 from pipeline.plots import replay_paths
@@ -40,7 +41,7 @@ from tasks.sysid import sysid_robot, truth_errors
 from tasks.track import TRACKED_FILE
 
 STAGE = "evaluate"
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"
 GAP_FILE = "gap.parquet"
 SUMMARY_FILE = "summary.md"
 ENGINES = ("before", "after")
@@ -73,8 +74,9 @@ def replay_runs(
 
 
 def gap_rows(runs: list[Run], real: list[np.ndarray], sims: dict[str, list[np.ndarray]], rod_m: float) -> list[dict]:
-    """One row per run and engine: final CoM error (m, % of ``rod_m``), heading error (deg) and
-    the forward motion and rotation in the start frame, sim and real."""
+    """One row per run and engine: final CoM error (m, % of ``rod_m``), heading error (deg), the
+    forward motion and rotation in the start frame and whether the prism folded flat
+    (:func:`~pipeline.gaits.outcome.folded_flat`), sim and real."""
     rows = []
     for i, run in enumerate(runs):
         real_motion = motion_in_start_frame(real[i])
@@ -94,13 +96,16 @@ def gap_rows(runs: list[Run], real: list[np.ndarray], sims: dict[str, list[np.nd
                     "real_forward_m": real_motion[0],
                     "sim_rotation_deg": sim_motion[2],
                     "real_rotation_deg": real_motion[2],
+                    "sim_collapsed": bool(folded_flat(sim, rod_m)),
+                    "real_collapsed": bool(folded_flat(real[i], rod_m)),
                 }
             )
     return rows
 
 
 def gap_summary(rows: list[dict]) -> dict[str, float]:
-    """Mean gap figures per policy and engine, and over all runs per engine."""
+    """Mean gap figures per policy and engine, and over all runs per engine; how many of those runs
+    the engine folded flat (``sim_collapsed_runs``)."""
     summary: dict[str, float] = {}
     groups = [
         (f"{policy}.", [r for r in rows if r["policy"] == policy])
@@ -111,6 +116,7 @@ def gap_summary(rows: list[dict]) -> dict[str, float]:
             own = [r for r in group if r["engine"] == label]
             for key in ("com_error_m", "com_error_pct_rod", "heading_error_deg"):
                 summary[f"gap.{label}.{prefix}{key}"] = float(np.mean([r[key] for r in own]))
+            summary[f"gap.{label}.{prefix}sim_collapsed_runs"] = float(sum(r["sim_collapsed"] for r in own))
     return summary
 
 

@@ -73,6 +73,8 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     # no overlays: "before" and "after" are the same engine, so the same gap
     before, after = (gap[gap["engine"] == e].sort_values("start") for e in ("before", "after"))
     np.testing.assert_allclose(before["com_error_m"].to_numpy(), after["com_error_m"].to_numpy())
+    assert not gap["sim_collapsed"].any() and not gap["real_collapsed"].any()  # the published turn stays standing
+    assert gap_summary["gap.after.turning.sim_collapsed_runs"] == 0
     real = gap.groupby("start")["real_rotation_deg"].first()
     assert (real > 0).all()  # the published ccw turn turns the twin counter-clockwise from every start
     repeatability = json.loads((stage / REPEATABILITY_FILE).read_text())["turning"]
@@ -114,10 +116,19 @@ def test_summary_shows_the_gap_and_the_identified_values_against_the_twins_truth
         folder.mkdir(parents=True)
         refs[stage] = write_manifest(folder, stage, complete=True, summary=summary)
     rows = [
-        {"policy": "straight", "engine": engine, "com_error_m": com, "com_error_pct_rod": 0.0, "heading_error_deg": deg}
-        for engine, com, deg in (("before", 0.5, 10.0), ("after", 0.2, 5.0))
+        {
+            "policy": "straight",
+            "engine": engine,
+            "com_error_m": com,
+            "com_error_pct_rod": 0.0,
+            "heading_error_deg": deg,
+            "sim_collapsed": flat,
+        }
+        for engine, com, deg, flat in (("before", 0.5, 10.0, True), ("after", 0.2, 5.0, False))
     ]
-    markdown = summary_markdown(configs, 1, gap_summary(rows), refs, "MLflow run `abc`")
+    gap = gap_summary(rows)
+    assert gap["gap.before.sim_collapsed_runs"] == 1 and gap["gap.after.straight.sim_collapsed_runs"] == 0
+    markdown = summary_markdown(configs, 1, gap, refs, "MLflow run `abc`")
     truth = float(twin_true_params(configs.robot, configs.twin).friction[0])
     assert f"| friction | 0.8 | 0.6 | 0.5 to 0.7 | {truth:.4g} | {100 * (0.6 - truth) / truth:+.1f} |" in markdown
     assert "| straight | 0.500 → 0.200 | 10.0 → 5.0 |" in markdown and "| all | 0.500 → 0.200 |" in markdown
