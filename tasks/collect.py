@@ -95,12 +95,7 @@ def run_collect(
     stage_dir = layout.stage_dir(iteration, STAGE)
     existing = complete_stage_ref(stage_dir)
     earlier = read_manifest(existing)["summary"] if existing is not None and not fresh else {}
-    stale = (
-        existing is not None
-        and not fresh
-        and iteration > 1
-        and earlier.get(SOURCE_KEY) != _redeploy_sha(layout, iteration)
-    )
+    stale = existing is not None and not fresh and iteration > 1 and not _holds_current_runs(layout, iteration, earlier)
     if existing is not None and not fresh and not stale:
         log.info("collect: reusing complete recording at %s", stage_dir)
         return existing, earlier
@@ -226,11 +221,17 @@ def needs_hardware(configs: LoadedConfigs, iteration: int) -> bool:
     if iteration == 1:
         return False
     earlier = read_manifest(existing, verify_files=False)["summary"]
-    if earlier.get(SOURCE_KEY) == _redeploy_sha(layout, iteration):
+    if _holds_current_runs(layout, iteration, earlier):
         return False
     policy = collect_policy(configs, seed_offset=iteration - 1)
     carried = earlier.get("policy_id") == policy.policy_id and (stage_dir / policy.policy_id).is_dir()
     return random and not carried
+
+
+def _holds_current_runs(layout: RunLayout, iteration: int, summary: dict) -> bool:
+    """Whether a collection of ``iteration`` with manifest ``summary`` copied the redeploy runs of
+    iteration ``iteration - 1`` now on disk."""
+    return summary.get(SOURCE_KEY) == _redeploy_sha(layout, iteration)
 
 
 def _redeploy_sha(layout: RunLayout, iteration: int) -> str | None:
