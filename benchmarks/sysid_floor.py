@@ -27,13 +27,18 @@ of a difference between two sets that accounts for.
 coefficients (m) instead of its hidden config's: with ``0 0`` its ground contact has only the
 sliding friction that the engine expresses, which says how much of the floor they set.
 
+``--engine-data`` replaces the twin by the engine itself: each seed's random policy is executed
+in the engine with the twin's own values (:func:`engine_data`, a perfect model with tracking-level
+noise), so ``truth`` is the model that made the data and its reduction is the floor that the
+chunk starts and the noise set, with no model error in it.
+
 ``--set KEY=VALUE`` (repeatable) overrides the pipeline config as ``r2s2r --set`` does, e.g. the
 sysid parameters to identify; the collected data depend only on the collect, track and attach
 settings, so runs that differ only in sysid settings score the same trajectories.
 
 Prints one JSON object (last line). Usage:
 ``python -m benchmarks.sysid_floor [--seeds 0 1 2] [--identify] [--nudge 0.001] [--quick]
-[--twin-ground 0 0] [--set sysid.parameters=[motor_speed,friction]]``.
+[--twin-ground 0 0 | --engine-data] [--set sysid.parameters=[motor_speed,friction]]``.
 """
 
 from __future__ import annotations
@@ -56,7 +61,9 @@ import yaml
 from flows.cli import parse_overrides
 from flows.iteration import r2s2r_iteration
 from pipeline.config import LoadedConfigs, RobotConfig, load_all
-from pipeline.physics import Params
+from pipeline.physics import Engine, Params, RobotModel
+from pipeline.policies import random_policy
+from pipeline.sysid.synthetic import engine_recording
 from storage.files import atomic_write_bytes
 from storage.layout import Ref, read_manifest
 from tasks.gaits import identified_robot
@@ -65,9 +72,11 @@ from tasks.sysid import (
     mean_replay_metrics,
     reduction_pct,
     replay_held_out,
+    split_recordings,
     sysid_data,
     truth_engine,
     truth_holdout,
+    with_latency,
 )
 
 FIGURES = ("key_frame_error_mm", "key_frame_error_median_mm")
@@ -99,6 +108,33 @@ def twin_with_ground(config: str, torsional: float, rolling: float, folder: str)
     return str(path)
 
 
+def engine_data(configs: LoadedConfigs, seed: int) -> SysidData:
+    """A perfect model's data, split as the stage splits: the collect stage's random policy (its
+    settings, seed ``seed``) executed by the engine with the twin's own values (:func:`truth_engine`,
+    at ``sysid.dt_s``, the replay's own step), end caps at the twin camera's rate with the tracking
+    noise that sysid assumes (``sysid.start_fit_caps_sigma_m``) and cable readings with the
+    sensors' (``sysid.start_fit_cable_sigma_m``). Its robot has the true attachment points, as a
+    perfect attach stage would give them, and the robot config's control latency."""
+    random, sysid = configs.pipeline.collect.random, configs.pipeline.sysid
+    levels = None if random.levels is None else tuple(random.levels)
+    policy = random_policy(configs.robot, random.n_targets, seed, levels)
+    robot, params = truth_engine(configs, configs.robot)
+    recording = engine_recording(
+        Engine(RobotModel.from_robot(robot), dt=sysid.dt_s, compiled=configs.pipeline.engine.compiled),
+        params,
+        robot,
+        policy.targets,
+        name=policy.policy_id,
+        segment_timeout_s=configs.pipeline.collect.segment_timeout_s,
+        caps_rate_hz=configs.twin.camera.rate_hz,
+        caps_noise_m=sysid.start_fit_caps_sigma_m,
+        cable_noise_m=sysid.start_fit_cable_sigma_m,
+        seed=seed,
+    )
+    attached = with_latency(robot, configs.robot.pid.latency_s)
+    return split_recordings(configs, attached, {recording.name: recording}, f"engine data, seed {seed}")
+
+
 def seed_figures(
     config: str,
     seed: int,
@@ -108,30 +144,37 @@ def seed_figures(
     nudge: float = 0.0,
     hardware_config: str | None = None,
     settings: dict[str, object] | None = None,
+    from_engine: bool = False,
 ) -> dict[str, float]:
     """Collect, track and attach (and with ``identify`` sysid) with collect seed ``seed`` (and
     ``n_targets`` random targets, else the config's); the held-out figures of the start values,
     the twin's truth and (``identify``) the identified values, and with ``nudge`` > 0 their
     nudged and smoothed means (module docstring); ``hardware_config`` replaces the config's twin
     config; ``settings`` are further dotted-key overrides of the pipeline config (the seed's
-    runs folder, campaign and collect seed take precedence)."""
+    runs folder, campaign and collect seed take precedence); ``from_engine``: the data are
+    :func:`engine_data` instead of the twin's (no flow runs, and ``identify`` is not allowed)."""
     overrides = {**(settings or {}), "runs_dir": runs_dir, "campaign": f"seed{seed}", "collect.random.seed": seed}
     if hardware_config is not None:
         overrides["hardware_config"] = hardware_config
     if n_targets is not None:
         overrides["collect.random.n_targets"] = n_targets
-    stages = ["collect", "track", "attach", *(["sysid"] if identify else [])]
-    summary = r2s2r_iteration(config, iteration=1, overrides=overrides, stages=stages)
     configs = load_all(config, overrides)
-    refs = [Ref.from_json(summary["stages"][s]["ref"]) for s in ("collect", "track", "attach")]
-    data = sysid_data(configs, *refs)
+    if from_engine:
+        if identify:
+            raise ValueError("identify runs the sysid stage on the twin's data, not on engine data")
+        data = engine_data(configs, seed)
+    else:
+        stages = ["collect", "track", "attach", *(["sysid"] if identify else [])]
+        summary = r2s2r_iteration(config, iteration=1, overrides=overrides, stages=stages)
+        refs = [Ref.from_json(summary["stages"][s]["ref"]) for s in ("collect", "track", "attach")]
+        data = sysid_data(configs, *refs)
     before = mean_replay_metrics(replay_held_out(configs, data, data.robot, Params.from_robot(data.robot)), "")
     truth = truth_holdout(configs, data, before["key_frame_error_mm"])
     out = {"gaits_fit": len(data.fit), "gaits_held_out": len(data.held)}
     out.update({f"before.{k}": before[k] for k in FIGURES})
     out.update({f"truth.{k}": truth[f"holdout.truth.{k}"] for k in FIGURES})
     out["truth_reduction_pct"] = truth["holdout.truth.key_frame_error_reduction_pct"]
-    engines = {"before": (data.robot, Params.from_robot(data.robot)), "truth": truth_engine(configs, data)}
+    engines = {"before": (data.robot, Params.from_robot(data.robot)), "truth": truth_engine(configs, data.robot)}
     if identify:
         sysid_ref = Ref.from_json(summary["stages"]["sysid"]["ref"])
         stage = read_manifest(sysid_ref)["summary"]
@@ -161,6 +204,9 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="seed 0 only, 10 targets")
     parser.add_argument(
+        "--engine-data", action="store_true", help="a perfect model's data: the engine with the twin's values"
+    )
+    parser.add_argument(
         "--twin-ground",
         type=float,
         nargs=2,
@@ -171,6 +217,8 @@ def main() -> None:
         "--set", dest="settings", action="append", metavar="KEY=VALUE", help="pipeline config override (YAML value)"
     )
     args = parser.parse_args()
+    if args.engine_data and (args.identify or args.twin_ground is not None):
+        parser.error("--engine-data replaces the twin: it goes with neither --identify nor --twin-ground")
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as runs_dir:
@@ -185,6 +233,7 @@ def main() -> None:
                 args.nudge,
                 hardware,
                 parse_overrides(args.settings),
+                args.engine_data,
             )
             for seed in ([0] if args.quick else args.seeds)
         }
@@ -199,6 +248,7 @@ def main() -> None:
         "truth_reduction_pct_mean": float(np.mean(reductions)),
         "truth_median_reduction_pct_mean": float(np.mean(median_reductions)),
         "twin_ground": args.twin_ground,
+        "engine_data": args.engine_data,
     }
     for label in ("truth", "after"):
         smoothed = [

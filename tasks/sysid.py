@@ -121,19 +121,29 @@ def sysid_data(
     """Read the recordings (with ``earlier``: earlier iterations' collect and track refs, named
     ``k<iteration>-<policy id>``), split them into gaits and hold out the last
     ``sysid.holdout_fraction`` of each."""
-    config = configs.pipeline.sysid
     timeout_s = configs.pipeline.collect.segment_timeout_s
     robot = sysid_robot(configs, attach_ref)
     recordings = load_recordings(collect_ref, track_ref, timeout_s)
     for k, (earlier_collect, earlier_track) in sorted((earlier or {}).items()):
         for name, recording in load_recordings(earlier_collect, earlier_track, timeout_s).items():
             recordings[f"k{k}-{name}"] = dataclasses.replace(recording, name=f"k{k}-{name}")
+    return split_recordings(configs, robot, recordings, str(collect_ref.path))
+
+
+def split_recordings(
+    configs: LoadedConfigs, robot: RobotConfig, recordings: dict[str, Recording], source: str
+) -> SysidData:
+    """``recordings`` split into gaits (only the monotonic ones with ``sysid.monotonic_only``),
+    the last ``sysid.holdout_fraction`` of each held out; ``source`` names the data in the error
+    raised when no gait is left to identify from."""
+    config = configs.pipeline.sysid
+    timeout_s = configs.pipeline.collect.segment_timeout_s
     gaits = [g for r in recordings.values() for g in split_gaits(r, robot, timeout_s)]
     if config.monotonic_only:
         gaits = [g for g in gaits if g.monotonic]
     fit, held = split_holdout(gaits, config.holdout_fraction)
     if not fit:
-        raise DataError(f"{collect_ref.path}: no gait to identify from")
+        raise DataError(f"{source}: no gait to identify from")
     return SysidData(robot, recordings, gaits, fit, held)
 
 
@@ -314,7 +324,7 @@ def truth_holdout(configs: LoadedConfigs, data: SysidData, before_mm: float) -> 
     mean key-frame error, mm). What the engine does with the twin's truth: the reference for
     the identified values, since the twin differs in what the engine cannot express (per-motor
     speeds, soft contact, sensor biases)."""
-    replays = replay_held_out(configs, data, *truth_engine(configs, data))
+    replays = replay_held_out(configs, data, *truth_engine(configs, data.robot))
     out = mean_replay_metrics(replays, "holdout.truth.")
     if replays:
         out["holdout.truth.key_frame_error_reduction_pct"] = reduction_pct(
@@ -323,13 +333,13 @@ def truth_holdout(configs: LoadedConfigs, data: SysidData, before_mm: float) -> 
     return out
 
 
-def truth_engine(configs: LoadedConfigs, data: SysidData) -> tuple[RobotConfig, Params]:
-    """Evaluation only (the twin): the robot config with the twin's true attachment points and
-    control latency, and the twin's own values in the engine's parameters (one environment)."""
+def truth_engine(configs: LoadedConfigs, robot: RobotConfig) -> tuple[RobotConfig, Params]:
+    """Evaluation only (the twin): ``robot`` with the twin's true attachment points and control
+    latency, and the twin's own values in the engine's parameters (one environment)."""
     twin = configs.twin
-    attachment = data.robot.attachment.model_copy(update={"phase_rad": twin.attachment_phase_rad})
-    robot = with_latency(data.robot.model_copy(update={"attachment": attachment}), twin.control_latency_s)
-    return robot, twin_true_params(robot, twin)
+    attachment = robot.attachment.model_copy(update={"phase_rad": twin.attachment_phase_rad})
+    true_robot = with_latency(robot.model_copy(update={"attachment": attachment}), twin.control_latency_s)
+    return true_robot, twin_true_params(true_robot, twin)
 
 
 def truth_errors(configs: LoadedConfigs, values: dict[str, float]) -> dict[str, float]:
