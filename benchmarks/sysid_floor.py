@@ -62,10 +62,10 @@ from flows.cli import parse_overrides
 from flows.iteration import r2s2r_iteration
 from pipeline.config import LoadedConfigs, RobotConfig, load_all
 from pipeline.physics import Engine, Params, RobotModel
-from pipeline.policies import random_policy
 from pipeline.sysid.synthetic import engine_recording
 from storage.files import atomic_write_bytes
 from storage.layout import Ref, read_manifest
+from tasks.collect import collect_policy
 from tasks.gaits import identified_robot
 from tasks.sysid import (
     SysidData,
@@ -108,16 +108,15 @@ def twin_with_ground(config: str, torsional: float, rolling: float, folder: str)
     return str(path)
 
 
-def engine_data(configs: LoadedConfigs, seed: int) -> SysidData:
-    """A perfect model's data, split as the stage splits: the collect stage's random policy (its
-    settings, seed ``seed``) executed by the engine with the twin's own values (:func:`truth_engine`,
+def engine_data(configs: LoadedConfigs) -> SysidData:
+    """A perfect model's data, split as the stage splits: the collect stage's policy
+    (:func:`~tasks.collect.collect_policy`) executed by the engine with the twin's own values (:func:`truth_engine`,
     at ``sysid.dt_s``, the replay's own step), end caps at the twin camera's rate with the tracking
     noise that sysid assumes (``sysid.start_fit_caps_sigma_m``) and cable readings with the
     sensors' (``sysid.start_fit_cable_sigma_m``). Its robot has the true attachment points, as a
     perfect attach stage would give them, and the robot config's control latency."""
-    random, sysid = configs.pipeline.collect.random, configs.pipeline.sysid
-    levels = None if random.levels is None else tuple(random.levels)
-    policy = random_policy(configs.robot, random.n_targets, seed, levels)
+    sysid, seed = configs.pipeline.sysid, configs.pipeline.collect.random.seed
+    policy = collect_policy(configs)
     robot, params = truth_engine(configs, configs.robot)
     recording = engine_recording(
         Engine(RobotModel.from_robot(robot), dt=sysid.dt_s, compiled=configs.pipeline.engine.compiled),
@@ -162,7 +161,7 @@ def seed_figures(
     if from_engine:
         if identify:
             raise ValueError("identify runs the sysid stage on the twin's data, not on engine data")
-        data = engine_data(configs, seed)
+        data = engine_data(configs)
     else:
         stages = ["collect", "track", "attach", *(["sysid"] if identify else [])]
         summary = r2s2r_iteration(config, iteration=1, overrides=overrides, stages=stages)
