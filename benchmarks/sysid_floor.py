@@ -18,10 +18,10 @@ sensor biases) sets the floor, not the identification.
 
 ``--nudge REL`` also replays each set with motor speed and friction, one at a time, times
 ``1 - REL`` and ``1 + REL`` (``<set>.nudged_key_frame_error_mm``, four means), and averages the
-five means (``<set>.smoothed_key_frame_error_mm``): the mean over a dozen held-out key frames is
-carried by the few where one execution tips a rod over and the other does not, which a change
-far below what identification can resolve decides; the spread of the nudged means says how much
-of a difference between two sets that accounts for.
+five means (``<set>.smoothed_key_frame_error_mm``, :func:`tasks.sysid.smoothed_held_out_error`):
+the mean over a dozen held-out key frames is carried by the few where one execution tips a rod
+over and the other does not, which a change far below what identification can resolve decides;
+the spread of the nudged means says how much of a difference between two sets that accounts for.
 
 ``--twin-ground TORSIONAL ROLLING`` runs the twin with those torsional and rolling friction
 coefficients (m) instead of its hidden config's: with ``0 0`` its ground contact has only the
@@ -60,7 +60,7 @@ import yaml
 
 from flows.cli import parse_overrides
 from flows.iteration import r2s2r_iteration
-from pipeline.config import LoadedConfigs, RobotConfig, load_all
+from pipeline.config import LoadedConfigs, load_all
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.sysid.synthetic import engine_recording
 from storage.files import atomic_write_bytes
@@ -72,6 +72,7 @@ from tasks.sysid import (
     mean_replay_metrics,
     reduction_pct,
     replay_held_out,
+    smoothed_held_out_error,
     split_recordings,
     sysid_data,
     truth_engine,
@@ -80,21 +81,6 @@ from tasks.sysid import (
 )
 
 FIGURES = ("key_frame_error_mm", "key_frame_error_median_mm")
-NUDGED = ("motor_speed", "friction")
-
-
-def nudged_means(
-    configs: LoadedConfigs, data: SysidData, robot: RobotConfig, params: Params, rel: float
-) -> list[float]:
-    """The mean held-out key-frame error (mm) of ``params`` (one environment) with each of
-    :data:`NUDGED` in turn times ``1 - rel`` and ``1 + rel``."""
-    return [
-        mean_replay_metrics(
-            replay_held_out(configs, data, robot, params.replace(**{name: getattr(params, name) * factor})), ""
-        )["key_frame_error_mm"]
-        for name in NUDGED
-        for factor in (1 - rel, 1 + rel)
-    ]
 
 
 def twin_with_ground(config: str, torsional: float, rolling: float, folder: str) -> str:
@@ -183,9 +169,9 @@ def seed_figures(
         engines["after"] = (identified, Params.from_robot(identified))
     if nudge > 0:
         for label, (robot, params) in engines.items():
-            means = nudged_means(configs, data, robot, params, nudge)
-            out[f"{label}.nudged_key_frame_error_mm"] = means
-            out[f"{label}.smoothed_key_frame_error_mm"] = float(np.mean([out[f"{label}.key_frame_error_mm"], *means]))
+            smoothed, nudged = smoothed_held_out_error(configs, data, robot, params, nudge)
+            out[f"{label}.nudged_key_frame_error_mm"] = nudged
+            out[f"{label}.smoothed_key_frame_error_mm"] = smoothed
         for label in [label for label in engines if label != "before"]:
             out[f"{label}_smoothed_reduction_pct"] = reduction_pct(
                 out["before.smoothed_key_frame_error_mm"], out[f"{label}.smoothed_key_frame_error_mm"]
