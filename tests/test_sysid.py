@@ -532,7 +532,7 @@ def test_sysid_on_the_twin_halves_the_held_out_key_frame_error(tmp_path, default
 def test_sysid_on_the_twin_closes_most_of_the_gap_that_the_twins_own_values_close(tmp_path, default_configs) -> None:
     """The twin criterion measured against the twin's own values instead of a fixed share (what
     the xfail above cannot meet even with a perfect model): one tracked random-policy trajectory
-    (collect seed 1, where the twin's own values lower the held-out error by about half) through
+    (collect seed 1, where the twin's own values lower the held-out error by about 40 %) through
     the flow with the main job's sysid settings; of the gap between the robot config's values
     and the twin's own values in the engine, the identified values close at least 80 %. Each
     error is the nudge-smoothed held-out mean (:func:`tasks.sysid.smoothed_held_out_error`); a
