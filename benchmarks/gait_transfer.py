@@ -4,7 +4,7 @@ is wrong, the structural part of the sim-to-real gap that sysid cannot identify 
 
 For each control latency (the twin's hidden one, and 0 in both models), each policy runs once on
 the twin from its rest pose (ground truth, not tracked) and once in the engine with
-:func:`~pipeline.physics.truth.twin_true_params` and the twin's true attachment points, started
+:func:`~pipeline.truth.twin_true_params` and the twin's true attachment points, started
 from the twin's rest end caps and settled, all policies as one engine batch. Policies: the
 published gaits (seed 002), one cycle each, and any ``policy.json`` given with ``--policy`` (a
 redeploy run's folder holds one).
@@ -36,11 +36,11 @@ from pipeline.gaits.outcome import simulate_targets
 from pipeline.gaits.published import PUBLISHED_GAITS
 from pipeline.hardware.base import GroundTruthPacket
 from pipeline.hardware.twin import MujocoTwin
+from pipeline.metrics import motion_in_start_frame
 from pipeline.physics import Engine
 from pipeline.physics.rollout import settle, state_from_caps
-from pipeline.physics.truth import twin_true_model, twin_true_params
 from pipeline.policies import Policy, gait_policy
-from tasks.redeploy import motion_in_start_frame
+from pipeline.truth import twin_true_model, twin_true_params
 
 SEGMENT_TIMEOUT_S = 3.0
 """Per target, on both sides (the redeploy stage's default)."""

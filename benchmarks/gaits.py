@@ -33,14 +33,15 @@ import torch
 
 from pipeline.config import load_all
 from pipeline.gaits.outcome import simulate_targets
+from pipeline.gaits.published import PUBLISHED_CYCLES as PUBLISHED
 from pipeline.gaits.search import search_gaits
 from pipeline.hardware.base import GroundTruthPacket
 from pipeline.hardware.twin import MujocoTwin
+from pipeline.metrics import motion_in_start_frame
 from pipeline.physics import Engine, Params, RobotModel
+from pipeline.physics.rollout import rest_start
 from pipeline.policies import Policy
-from tasks.evaluate import GAP_FILE
-from tasks.gaits import PUBLISHED, rest_start
-from tasks.redeploy import motion_in_start_frame
+from storage.catalog import GAP_FILE
 
 
 def exhaustive_edges(depth: int, shapes: int = 64) -> int:

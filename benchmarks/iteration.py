@@ -70,10 +70,9 @@ def main() -> None:
 
         os.environ.update({k: env[k] for k in ("PREFECT_HOME", "MUJOCO_GL", "PREFECT_SERVER_ANALYTICS_ENABLED")})
         configure_environment(RunLayout(runs, "bench"))
-        from flows.campaign import headline_metrics
         from flows.iteration import r2s2r_iteration, with_runner
         from pipeline.config import load_all
-        from storage.tracking import ITERATION_TAG, client_for
+        from storage.tracking import HEADLINE_PREFIX, ITERATION_TAG, client_for
 
         config = str(REPO / "configs" / "pipeline" / "default.yaml")
         configs = load_all(config, overrides)
@@ -87,7 +86,7 @@ def main() -> None:
         client = client_for(RunLayout(runs, "bench"))
         experiment = client.get_experiment_by_name("bench").experiment_id
         headline = {
-            run.data.tags[ITERATION_TAG]: headline_metrics(run.data.metrics)
+            run.data.tags[ITERATION_TAG]: {k: v for k, v in run.data.metrics.items() if k.startswith(HEADLINE_PREFIX)}
             for run in client.search_runs([experiment])
             if ITERATION_TAG in run.data.tags
         }

@@ -42,8 +42,9 @@ from pipeline.gaits.ensemble import perturbed_starts
 from pipeline.gaits.outcome import Outcome, simulate_targets
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.engine import State
+from pipeline.physics.rollout import rest_start
+from storage.catalog import POLICIES_FILE, identified_robot
 from storage.layout import RunLayout, complete_stage_ref, read_manifest
-from tasks.gaits import POLICIES_FILE, identified_robot, rest_start
 
 
 def figures(outcome: Outcome, row: int) -> dict[str, float | bool]:
@@ -70,7 +71,7 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(2)
     configs = load_all(args.config)
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    layout = RunLayout.of(configs)
     refs = {}
     for stage, iteration in (("attach", 1), ("sysid", args.iteration), ("gaits", args.iteration)):
         refs[stage] = complete_stage_ref(layout.stage_dir(iteration, stage))

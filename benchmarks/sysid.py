@@ -40,15 +40,15 @@ import torch
 from benchmarks.sysid_mujoco import mujoco_sysid_anchor, twin_recording
 from pipeline.config import LoadedConfigs, RobotConfig, SysidConfig, load_all
 from pipeline.physics import Engine, Params, RobotModel
-from pipeline.physics.truth import twin_true_params
 from pipeline.policies import random_policy
 from pipeline.sysid.data import Recording, split_gaits
 from pipeline.sysid.identify import identify_staged
+from pipeline.sysid.latency import latency_robot
 from pipeline.sysid.losses import make_loss
 from pipeline.sysid.synthetic import engine_recording
 from pipeline.sysid.validate import replay, split_holdout
+from pipeline.truth import twin_true_params
 from storage.trajectory import CABLE_COLS, CAP_COLS, CONTROL_COLS, TARGET_COLS
-from tasks.sysid import latency_robot
 
 ENGINE_TRUTH = {"motor_speed": 0.7, "friction": 0.5, "restitution": 0.3}
 CAPS_NOISE_M = 0.002

@@ -6,7 +6,7 @@ track it from the camera, infer the attachment points; the pipeline config's set
 replayed in the engine with
 
 * ``before``: the robot config's values (what sysid starts from, no control latency);
-* ``truth``: the twin's own values (:func:`pipeline.physics.truth.twin_true_params`) with its
+* ``truth``: the twin's own values (:func:`pipeline.truth.twin_true_params`) with its
   true attachment points and control latency, the best the engine is given, not fitted;
 * ``after`` (``--identify``): the sysid stage's identified values.
 
@@ -62,23 +62,22 @@ from flows.cli import parse_overrides
 from flows.iteration import r2s2r_iteration
 from pipeline.config import LoadedConfigs, load_all
 from pipeline.physics import Engine, Params, RobotModel
-from pipeline.sysid.synthetic import engine_recording
-from storage.files import atomic_write_bytes
-from storage.layout import Ref, read_manifest
-from tasks.collect import collect_policy
-from tasks.gaits import identified_robot
-from tasks.sysid import (
+from pipeline.policies import collect_policy
+from pipeline.sysid.heldout import (
     SysidData,
     mean_replay_metrics,
     reduction_pct,
     replay_held_out,
     smoothed_held_out_error,
     split_recordings,
-    sysid_data,
-    truth_engine,
-    truth_holdout,
-    with_latency,
 )
+from pipeline.sysid.latency import with_latency
+from pipeline.sysid.synthetic import engine_recording
+from pipeline.truth import truth_engine, truth_holdout
+from storage.catalog import identified_robot
+from storage.files import atomic_write_bytes
+from storage.layout import Ref, read_manifest
+from tasks.sysid import sysid_data
 
 FIGURES = ("key_frame_error_mm", "key_frame_error_median_mm")
 
@@ -96,13 +95,13 @@ def twin_with_ground(config: str, torsional: float, rolling: float, folder: str)
 
 def engine_data(configs: LoadedConfigs) -> SysidData:
     """A perfect model's data, split as the stage splits: the collect stage's policy
-    (:func:`~tasks.collect.collect_policy`) executed by the engine with the twin's own values (:func:`truth_engine`,
+    (:func:`~pipeline.policies.collect_policy`) executed by the engine with the twin's own values (:func:`truth_engine`,
     at ``sysid.dt_s``, the replay's own step), end caps at the twin camera's rate with the tracking
     noise that sysid assumes (``sysid.start_fit_caps_sigma_m``) and cable readings with the
     sensors' (``sysid.start_fit_cable_sigma_m``). Its robot has the true attachment points, as a
     perfect attach stage would give them, and the robot config's control latency."""
     sysid, seed = configs.pipeline.sysid, configs.pipeline.collect.random.seed
-    policy = collect_policy(configs)
+    policy = collect_policy(configs.robot, configs.pipeline.collect)
     robot, params = truth_engine(configs, configs.robot)
     recording = engine_recording(
         Engine(RobotModel.from_robot(robot), dt=sysid.dt_s, compiled=configs.pipeline.engine.compiled),

@@ -44,8 +44,8 @@ import torch
 from flows.cli import parse_overrides
 from flows.iteration import r2s2r_iteration
 from pipeline.config import load_all
+from pipeline.truth import truth_errors
 from storage.layout import Ref, read_manifest
-from tasks.sysid import truth_errors
 
 DOWNSTREAM = ("sysid", "gaits", "redeploy", "evaluate")
 QUICK = {

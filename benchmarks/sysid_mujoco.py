@@ -60,9 +60,9 @@ from pipeline.hardware.base import GroundTruthPacket, SensorPacket
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.hardware.twin_model import build_twin_xml
 from pipeline.physics.params import robot_values
-from pipeline.physics.truth import twin_true_params
 from pipeline.policies import REST_TARGET, random_policy
 from pipeline.robot_model import N_ACTUATED, N_CABLES, N_CAPS, length_to_target, target_to_length
+from pipeline.truth import twin_true_params
 from storage.trajectory import CABLE_COLS, CAP_COLS, CONTROL_COLS, TARGET_COLS
 
 try:
@@ -111,7 +111,7 @@ def nominal_values(robot: RobotConfig) -> dict[str, float]:
 def true_values(robot: RobotConfig, twin: TwinConfig) -> dict[str, float]:
     """The twin's hidden values of the parameters in :data:`BOUNDS` (evaluation only).
 
-    As :func:`pipeline.physics.truth.twin_true_params` (the motor speed is the mean over the
+    As :func:`pipeline.truth.twin_true_params` (the motor speed is the mean over the
     six motors, against the robot config's ``omega_max``); the latency is the control latency
     alone (the twin's motor lag ``time_constant_s`` adds to the delay the native model sees).
     """

@@ -38,11 +38,10 @@ from pipeline.metrics import pose_errors, truth_at
 from pipeline.perception.tracker import CapTracker
 from pipeline.robot_model import build_cables
 from pipeline.state_estimation import estimate_trajectory
-from storage.frames import iter_frames
+from storage.frames import camera_from_meta, iter_frames
 from storage.recording import FRAMES_FILE, GROUNDTRUTH_FILE, HARDWARE_FILE
 from storage.trajectory import CABLE_COLS, caps_array, read_trajectory
 from tasks.collect import run_collect
-from tasks.track import camera_from_meta
 
 
 def _record(configs, root: Path, cycles: int) -> Path:

@@ -68,7 +68,7 @@ def _load(config: Path, overrides: dict[str, object]) -> LoadedConfigs:
     configs = load_all(config, overrides)
     from flows.environment import configure_environment
 
-    configure_environment(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
+    configure_environment(RunLayout.of(configs))
     return configs
 
 
@@ -128,11 +128,11 @@ def rerun(
     The hardware never runs again unless --recollect is given: the recording is kept, and
     redeploy and evaluate (which need the robot to run the new gaits) are left stale.
     """
-    from flows.iteration import HARDWARE_STAGES, STAGES
+    from flows.stages import hardware_stages, stage_names
 
-    if stage not in STAGES:
-        raise ConfigError(f"rerun {stage!r}: unknown stage; expected one of {', '.join(STAGES)}")
-    if stage in HARDWARE_STAGES and not recollect:
+    if stage not in stage_names():
+        raise ConfigError(f"rerun {stage!r}: unknown stage; expected one of {', '.join(stage_names())}")
+    if stage in hardware_stages() and not recollect:
         raise ConfigError(f"rerun {stage}: this stage drives the hardware; pass --recollect to run it again")
     _run_iteration(config, iteration, parse_overrides(set_), None, [stage], recollect)
 
@@ -174,18 +174,17 @@ def compare(
     campaign_name: Annotated[str | None, typer.Argument(help="Campaign (default: the config's).")] = None,
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
-    """Print the campaign's iterations side by side: the headline metrics of their MLflow runs."""
+    """Print the campaign's iterations side by side: the headline figures of their MLflow runs."""
     configs = _load(config, {} if campaign_name is None else {"campaign": campaign_name})
-    from flows.campaign import headline_metrics
-    from storage.tracking import ITERATION_TAG, client_for, tracking_uri
+    from storage.tracking import HEADLINE_PREFIX, ITERATION_TAG, client_for, tracking_uri
 
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    layout = RunLayout.of(configs)
     client = client_for(layout)
     experiment = client.get_experiment_by_name(configs.pipeline.campaign)
     if experiment is None:
         raise DataError(f"{tracking_uri(layout)}: no MLflow experiment for campaign '{configs.pipeline.campaign}'")
     rows = {
-        int(run.data.tags[ITERATION_TAG]): headline_metrics(run.data.metrics)
+        int(run.data.tags[ITERATION_TAG]): {k: v for k, v in run.data.metrics.items() if k.startswith(HEADLINE_PREFIX)}
         for run in client.search_runs([experiment.experiment_id])
         if ITERATION_TAG in run.data.tags
     }
@@ -197,18 +196,18 @@ def compare(
 def status(config: ConfigOption = DEFAULT_CONFIG, set_: SetOption = None) -> None:
     """Show, per iteration and stage, whether the output is cached, stale or missing under this config."""
     configs = _load(config, parse_overrides(set_))
-    from flows.iteration import STAGES
+    from flows.stages import stage_names
     from flows.status import iterations_on_disk, stage_status
 
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    layout = RunLayout.of(configs)
     table = Table(title=f"campaign {configs.pipeline.campaign}: stage outputs under this config")
     table.add_column("iteration")
-    for stage in STAGES:
+    for stage in stage_names():
         table.add_column(stage)
     colour = {"cached": "green", "stale": "yellow", "missing": "red"}
     for iteration in iterations_on_disk(layout):
         states = stage_status(configs, iteration)
-        table.add_row(str(iteration), *(f"[{colour[states[s]]}]{states[s]}[/]" for s in STAGES))
+        table.add_row(str(iteration), *(f"[{colour[states[s]]}]{states[s]}[/]" for s in stage_names()))
     Console().print(table)
 
 
@@ -257,7 +256,7 @@ def ui(
     configs = _load(config, {})
     from storage.tracking import is_server_uri, tracking_uri
 
-    uri = tracking_uri(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
+    uri = tracking_uri(RunLayout.of(configs))
     if is_server_uri(uri):  # MLFLOW_TRACKING_URI: a tracking server serves its own UI
         console.print(f"the runs are on the MLflow server {uri}: its UI is there")
         return

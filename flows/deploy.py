@@ -118,11 +118,11 @@ def deploy_campaign(
     ``stages`` (None: every stage) as its parameters. The config should already be validated
     (:func:`pipeline.config.load_all`)."""
     if stages is not None:
-        from flows.iteration import STAGES
+        from flows.stages import stage_names
 
-        unknown = [s for s in stages if s not in STAGES]
+        unknown = [s for s in stages if s not in stage_names()]
         if unknown or not stages:
-            raise ConfigError(f"--stages {','.join(stages)!r}: expected some of {', '.join(STAGES)}")
+            raise ConfigError(f"--stages {','.join(stages)!r}: expected some of {', '.join(stage_names())}")
     api_url = require_server()
     pool_created = ensure_process_pool(pool)
     from prefect import flow

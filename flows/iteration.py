@@ -1,68 +1,45 @@
-"""The ``r2s2r_iteration`` flow: one R2S2R iteration (DESIGN §1, §6).
+"""The ``r2s2r_iteration`` flow: one R2S2R iteration, the stage table run in order.
 
-Stages: ``collect`` -> ``track`` -> ``attach`` -> ``sysid`` -> ``gaits`` -> ``redeploy`` ->
-``evaluate``. Iteration
-k > 1 collects iteration k - 1's redeploy runs, reuses iteration 1's attachment overlay (unless
-``attach.every_iteration``) and identifies from the trajectories of every iteration so far (or
-the last ``sysid.data_window``). The flow owns the
-iteration's MLflow run (one per iteration, reused on re-invocation) and hands its
-id to the stage tasks, which log through the client API. A stage that is not
-asked for but whose output a later stage needs is read from disk (its complete
-manifest), never recomputed.
+Stages (:mod:`flows.stages`): ``collect`` -> ``track`` -> ``attach`` -> ``sysid`` -> ``gaits``
+-> ``redeploy`` -> ``evaluate``. Iteration k > 1 collects iteration k - 1's redeploy runs,
+reuses iteration 1's attachment overlay (unless ``attach.every_iteration``) and identifies from
+the trajectories of every iteration so far (or the last ``sysid.data_window``). The flow owns
+the iteration's MLflow run (one per iteration, reused on re-invocation) and hands its id to the
+stage tasks, which log through the client API. A stage that is not asked for but whose output a
+later stage needs is read from disk (its complete manifest), never recomputed.
 
-The stages that drive the hardware (:data:`HARDWARE_STAGES`) run only when the flow is allowed
-to (``hardware``); ``refresh`` names stages recomputed even when their cache is valid (``r2s2r
-rerun``). The parallel parts (gait-search shards, redeploy runs) are task runs of their own, so
-the task runner the caller picks (:func:`with_runner`, ``runner`` in the config) spreads them.
+The stages that drive the hardware run only when the flow is allowed to (``hardware``);
+``refresh`` names stages recomputed even when their cache is valid (``r2s2r rerun``). The
+parallel parts (gait-search shards, redeploy runs) are task runs of their own, so the task
+runner the caller picks (:func:`with_runner`, ``runner`` in the config) spreads them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from prefect import Flow, Task, flow
+from prefect import Flow, flow
 from prefect.runtime import flow_run
-from prefect.states import State
 
+from flows import stages as stage_table
+from flows.caching import on_disk
 from flows.runners import task_runner
+from flows.stages import Call, Stage
 from pipeline.config import LoadedConfigs, config_hash, load_all
-from pipeline.errors import DataError
-from storage.layout import Ref, RunLayout, complete_stage_ref
+from storage.layout import RunLayout, existing_ref
 from storage.tracking import (
+    campaign_run,
     client_for,
     environment_tags,
     finish_run,
     flatten,
+    headline_metrics,
     iteration_run,
+    log_metrics,
     log_params_once,
     set_tags,
 )
-from tasks import collect as collect_module
-from tasks import gaits as gaits_module
-from tasks import redeploy as redeploy_module
-from tasks.attach import attach
-from tasks.caching import is_cached, on_disk
-from tasks.collect import collect
-from tasks.evaluate import evaluate
-from tasks.gaits import gaits, search_shard
-from tasks.redeploy import redeploy, redeploy_run, set_aside_other_runs
-from tasks.sysid import sysid
-from tasks.track import track
-
-STAGES = ("collect", "track", "attach", "sysid", "gaits", "redeploy", "evaluate")
-HARDWARE_STAGES = ("collect", "redeploy")
-"""Stages that drive the hardware: never rerun unless asked (``r2s2r rerun --recollect``)."""
-STAGE_TASKS: dict[str, Task] = {
-    "collect": collect,
-    "track": track,
-    "attach": attach,
-    "sysid": sysid,
-    "gaits": gaits,
-    "redeploy": redeploy,
-    "evaluate": evaluate,
-}
 
 
 def with_runner(flow_object: Flow, configs: LoadedConfigs) -> Flow:
@@ -70,31 +47,35 @@ def with_runner(flow_object: Flow, configs: LoadedConfigs) -> Flow:
     return flow_object.with_options(task_runner=task_runner(configs.pipeline.runner))
 
 
-def existing_ref(layout: RunLayout, iteration: int, stage: str) -> Ref:
-    """The ref of a stage's complete output on disk; :class:`DataError` if there is none."""
-    stage_dir = layout.stage_dir(iteration, stage)
-    ref = complete_stage_ref(stage_dir)
-    if ref is None:
-        raise DataError(f"{stage_dir}: stage '{stage}' has no complete output for iteration {iteration}; run it first")
-    return ref
+def _log_iteration_params(configs: LoadedConfigs, client, run_id: str, pipeline_config: str) -> None:
+    """The iteration run's params: the pipeline and robot configs, flattened, and the robot config's hash."""
+    params = flatten(
+        "pipeline", configs.pipeline.model_dump(mode="json", exclude={"runs_dir", "robot_config", "hardware_config"})
+    )
+    params.update(flatten("robot", configs.robot.model_dump(mode="json")))
+    params["robot.config_hash"] = config_hash(configs.robot)
+    params["pipeline.config_file"] = Path(pipeline_config).name
+    log_params_once(client, run_id, params)
 
 
-def attach_iteration(configs: LoadedConfigs, iteration: int) -> int:
-    """The iteration whose attachment overlay ``iteration`` uses: its own (iteration 1, or
-    ``attach.every_iteration``) or iteration 1's."""
-    return iteration if iteration == 1 or configs.pipeline.attach.every_iteration else 1
+def _log_headline(client, layout: RunLayout, run_id: str, iteration: int) -> dict[str, float]:
+    """Copy the iteration's headline figures (:func:`storage.tracking.headline_metrics`) to
+    ``headline/*`` on its run and, at step = iteration, on the campaign run; returns them."""
+    headline = headline_metrics(client.get_run(run_id).data.metrics)
+    for run in (run_id, campaign_run(client, layout)):
+        log_metrics(client, run, headline, step=iteration)
+    return headline
 
 
-def earlier_data_refs(
-    configs: LoadedConfigs, layout: RunLayout, iteration: int
-) -> dict[int, tuple[dict[str, str], dict[str, str]]]:
-    """The collect and track refs (JSON) of the earlier iterations whose trajectories the sysid of
-    ``iteration`` also uses (all so far, or the last ``sysid.data_window`` with this one)."""
-    window = configs.pipeline.sysid.data_window or iteration
-    return {
-        k: (existing_ref(layout, k, "collect").to_json(), existing_ref(layout, k, "track").to_json())
-        for k in range(max(1, iteration - window + 1), iteration)
-    }
+def _run_stage(stage: Stage, call: Call, run_id: str) -> tuple[dict[str, str], bool]:
+    """Run ``stage`` through its Prefect task (after its fan-out); its ref and whether it was cached."""
+    parameters = stage.parameters(call, run_id)
+    if stage.fan_out is not None:
+        parameters.update(stage.fan_out(call, stage.is_cached(call)))
+    state = stage.prefect_task(call.fresh)(**parameters, return_state=True)
+    if state.name == "Cached" and not on_disk(state.result()):  # replaced by a rerun under another config
+        state = stage.prefect_task(fresh=True)(**parameters, return_state=True)
+    return state.result(), state.name == "Cached"
 
 
 @flow(name="r2s2r_iteration")
@@ -110,120 +91,74 @@ def r2s2r_iteration(
 
     ``overrides`` are dotted-key config overrides; ``stages`` limits which stages run (default:
     all). ``refresh`` stages are recomputed even if cached. With ``hardware`` false the stages
-    that drive the hardware are read from disk, and if the redeploy runs on disk are not of the
-    current gaits, ``redeploy`` and ``evaluate`` are skipped (the robot would have to run the new
-    gaits first); their summary entries say so. A later iteration's collect still runs where it
-    only copies the previous iteration's redeploy runs (:func:`tasks.collect.needs_hardware`), so
-    that it never holds a copy of runs since recorded again. Returns a summary with
-    the MLflow run id and, per stage, its ref, whether it came from the cache and its wall time
-    (s; shards and redeploy runs included), or why it was skipped.
+    that drive the hardware are read from disk, and if a hardware stage's output on disk is not
+    the current one (the redeploy runs of other gaits), it and the stages that read it are
+    skipped (the robot would have to run first); their summary entries say so. A hardware stage
+    that would not drive the robot now still runs (a later iteration's collect copying the
+    previous redeploy runs, :func:`tasks.collect.needs_hardware`), so that it never holds a copy
+    of runs since recorded again. Returns a summary with the MLflow run id and, per stage, its
+    ref, whether it came from the cache and its wall time (s; fan-outs included), or why it was
+    skipped, and the iteration's headline figures (also logged as ``headline/*`` on its MLflow
+    run and on the campaign run, at step = iteration).
     """
     configs = load_all(pipeline_config, overrides)
-    wanted = list(STAGES) if stages is None else stages
+    names = stage_table.stage_names()
+    wanted = list(names) if stages is None else stages
     fresh = set(refresh or ())
-    unknown = [s for s in [*wanted, *fresh] if s not in STAGES]
+    unknown = [s for s in [*wanted, *fresh] if s not in names]
     if unknown:
-        raise ValueError(f"unknown stages {unknown}; available: {', '.join(STAGES)}")
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+        raise ValueError(f"unknown stages {unknown}; available: {', '.join(names)}")
+    layout = RunLayout.of(configs)
     client = client_for(layout)
     run_id, created = iteration_run(client, layout, iteration)
+    campaign = campaign_run(client, layout) if flow_run.parent_flow_run_id is None else None
+    if campaign is not None:  # not a campaign's subflow: the campaign run's status follows this flow
+        client.update_run(campaign, status="RUNNING")
     if created:
-        params = flatten(
-            "pipeline",
-            configs.pipeline.model_dump(mode="json", exclude={"runs_dir", "robot_config", "hardware_config"}),
-        )
-        params.update(flatten("robot", configs.robot.model_dump(mode="json")))
-        params["robot.config_hash"] = config_hash(configs.robot)
-        params["pipeline.config_file"] = Path(pipeline_config).name
-        log_params_once(client, run_id, params)
+        _log_iteration_params(configs, client, run_id, pipeline_config)
     client.set_tag(run_id, "prefect.flow_run_id", str(flow_run.id))
     set_tags(client, run_id, environment_tags())  # the latest invocation's install and CPU
     summary: dict[str, object] = {"iteration": iteration, "mlflow_run_id": run_id, "stages": {}}
+    refs: dict[str, dict[str, str]] = {}
+
+    def ref(name: str) -> dict[str, str]:
+        if name not in refs:
+            refs[name] = existing_ref(layout, iteration, name).to_json()
+        return refs[name]
+
+    blocked: set[str] = set()
     try:
-        refs: dict[str, dict[str, str]] = {}
-
-        def run(stage: str, call: Callable[[Task], State]) -> None:
-            """Run ``stage`` (if wanted and allowed) by ``call(stage task)``; note its ref."""
-            if stage not in wanted:
-                return
-            without_robot = stage == "collect" and not collect_module.needs_hardware(configs, iteration)
-            if not hardware and stage in HARDWARE_STAGES and not without_robot:
-                if stage == "collect" or is_cached(redeploy_key()):  # the recording on disk is this config's
-                    summary["stages"][stage] = {"ref": ref(stage), "cached": True, "note": "hardware not run"}
+        for stage in stage_table.table():
+            source = stage.source_iteration(configs, iteration)
+            if source != iteration:
+                refs[stage.name] = existing_ref(layout, source, stage.name).to_json()
+                continue
+            if stage.name not in wanted:
+                continue
+            waiting = [name for name in stage.inputs if name in blocked]
+            if waiting:
+                blocked.add(stage.name)
+                summary["stages"][stage.name] = {"skipped": f"its {waiting[0]} output is stale (--recollect)"}
+                continue
+            call = Call(configs, iteration, {name: ref(name) for name in stage.inputs}, stage.name in fresh)
+            if not hardware and stage.hardware and stage.needs_robot(configs, iteration):
+                if not stage.inputs or stage.is_cached(call):  # the output on disk is this config's
+                    summary["stages"][stage.name] = {"ref": ref(stage.name), "cached": True, "note": "hardware not run"}
                 else:
-                    blocked.add(stage)
-                    summary["stages"][stage] = {"skipped": "needs the hardware to run the new gaits (--recollect)"}
-                return
-            if stage == "evaluate" and "redeploy" in blocked:
-                summary["stages"][stage] = {"skipped": "its redeploy runs are stale (--recollect)"}
-                return
-            stage_task = STAGE_TASKS[stage]
+                    blocked.add(stage.name)
+                    summary["stages"][stage.name] = {"skipped": "needs the hardware to run the new gaits (--recollect)"}
+                continue
             start = time.perf_counter()
-            state = call(stage_task.with_options(refresh_cache=True) if stage in fresh else stage_task)
-            if state.name == "Cached" and not on_disk(state.result()):  # replaced by a rerun under another config
-                state = call(stage_task.with_options(refresh_cache=True))
-            refs[stage] = state.result()
+            refs[stage.name], cached = _run_stage(stage, call, run_id)
             wall_s = time.perf_counter() - start
-            summary["stages"][stage] = {"ref": refs[stage], "cached": state.name == "Cached", "wall_s": wall_s}
-
-        blocked: set[str] = set()
-
-        def redeploy_key() -> str:
-            parameters = {
-                "configs": configs,
-                "iteration": iteration,
-                "attach_ref": ref("attach"),
-                "gaits_ref": ref("gaits"),
-            }
-            return redeploy_module.cache_key(None, parameters)
-
-        def ref(stage: str) -> dict[str, str]:
-            if stage not in refs:
-                refs[stage] = existing_ref(layout, iteration, stage).to_json()
-            return refs[stage]
-
-        recollect = "collect" in fresh
-        run("collect", lambda t: t(configs, iteration, run_id, recollect, return_state=True))
-        run("track", lambda t: t(configs, iteration, run_id, ref("collect"), return_state=True))
-        if attach_iteration(configs, iteration) == iteration:
-            run("attach", lambda t: t(configs, iteration, run_id, ref("track"), ref("collect"), return_state=True))
-        else:
-            refs["attach"] = existing_ref(layout, attach_iteration(configs, iteration), "attach").to_json()
-
-        def sysid_call(stage_task: Task) -> State:
-            earlier = earlier_data_refs(configs, layout, iteration)
-            inputs = (ref("collect"), ref("track"), ref("attach"))
-            return stage_task(configs, iteration, run_id, *inputs, earlier_refs=earlier, return_state=True)
-
-        def gaits_call(stage_task: Task) -> State:
-            inputs = (ref("attach"), ref("sysid"))
-            parameters = {"configs": configs, "iteration": iteration, "attach_ref": inputs[0], "sysid_ref": inputs[1]}
-            shards = None
-            if "gaits" in fresh or not is_cached(gaits_module.cache_key(None, parameters)):
-                count = configs.pipeline.gaits.search.shards
-                futures = [search_shard.submit(configs, *inputs, k) for k in range(count)]
-                shards = [future.result() for future in futures]
-            return stage_task(configs, iteration, run_id, *inputs, shard_results=shards, return_state=True)
-
-        def redeploy_call(stage_task: Task) -> State:
-            redeploy_config = configs.pipeline.redeploy
-            set_aside_other_runs(configs, iteration, Ref.from_json(ref("gaits")), fresh="redeploy" in fresh)
-            futures = []
-            for index in range(len(redeploy_config.policies) * len(redeploy_config.starts)):
-                futures.append(redeploy_run.submit(configs, iteration, ref("attach"), ref("gaits"), index))
-                if not redeploy_config.concurrent_runs:
-                    futures[-1].result()
-            for future in futures:
-                future.result()
-            return stage_task(configs, iteration, run_id, ref("attach"), ref("gaits"), return_state=True)
-
-        run("sysid", sysid_call)
-        run("gaits", gaits_call)
-        run("redeploy", redeploy_call)
-        inputs = ("attach", "sysid", "gaits", "redeploy")
-        run("evaluate", lambda t: t(configs, iteration, run_id, *map(ref, inputs), return_state=True))
+            summary["stages"][stage.name] = {"ref": refs[stage.name], "cached": cached, "wall_s": wall_s}
+        summary["headline"] = _log_headline(client, layout, run_id, iteration)
     except BaseException:
         finish_run(client, run_id, ok=False)
+        if campaign is not None:
+            finish_run(client, campaign, ok=False)
         raise
     finish_run(client, run_id, ok=True)
+    if campaign is not None:
+        finish_run(client, campaign, ok=True)
     return summary

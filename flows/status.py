@@ -1,9 +1,9 @@
 """Which stages of a campaign are cached, stale or missing under the current config.
 
-A stage's Prefect cache key is a content hash of its input refs, its section of the
-pipeline config, the robot config and the stage's code version
-(:func:`tasks.caching.stage_cache_key`); Prefect keeps each result under its key in the
-local result storage (``<runs>/.prefect/storage`` by default). So, per iteration and stage:
+A stage's Prefect cache key is derived from its entry in the stage table
+(:meth:`flows.stages.Stage.cache_key`: its input refs' hashes, its config sections and its code
+version); Prefect keeps each result under its key in the local result storage
+(``<runs>/.prefect/storage`` by default). So, per iteration and stage:
 
 * **missing**: the stage folder holds no complete output;
 * **cached**: it does, and a result is stored under the key that the current config and
@@ -14,31 +14,11 @@ local result storage (``<runs>/.prefect/storage`` by default). So, per iteration
 
 from __future__ import annotations
 
-from flows.iteration import STAGES, attach_iteration, earlier_data_refs
+from flows import stages as stage_table
+from flows.stages import Call
 from pipeline.config import LoadedConfigs
 from pipeline.errors import DataError
 from storage.layout import RunLayout, complete_stage_ref
-from tasks import attach, collect, evaluate, gaits, redeploy, sysid, track
-from tasks.caching import is_cached
-
-KEY_FUNCTIONS = {
-    "collect": collect.cache_key,
-    "track": track.cache_key,
-    "attach": attach.cache_key,
-    "sysid": sysid.cache_key,
-    "gaits": gaits.cache_key,
-    "redeploy": redeploy.cache_key,
-    "evaluate": evaluate.cache_key,
-}
-INPUTS = {
-    "collect": (),
-    "track": ("collect",),
-    "attach": ("track", "collect"),
-    "sysid": ("collect", "track", "attach"),
-    "gaits": ("attach", "sysid"),
-    "redeploy": ("attach", "gaits"),
-    "evaluate": ("attach", "sysid", "gaits", "redeploy"),
-}
 
 
 def iterations_on_disk(layout: RunLayout) -> list[int]:
@@ -49,30 +29,25 @@ def iterations_on_disk(layout: RunLayout) -> list[int]:
 
 def stage_status(configs: LoadedConfigs, iteration: int) -> dict[str, str]:
     """``cached`` / ``stale`` / ``missing`` for every stage of ``iteration`` (module docstring)."""
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    layout = RunLayout.of(configs)
     status: dict[str, str] = {}
     refs: dict[str, dict[str, str]] = {}
-    for stage in STAGES:
-        source = attach_iteration(configs, iteration) if stage == "attach" else iteration
-        ref = complete_stage_ref(layout.stage_dir(source, stage))
+    for stage in stage_table.table():
+        source = stage.source_iteration(configs, iteration)
+        ref = complete_stage_ref(layout.stage_dir(source, stage.name))
         if ref is None:
-            status[stage] = "missing"
+            status[stage.name] = "missing"
             continue
-        refs[stage] = ref.to_json()
+        refs[stage.name] = ref.to_json()
         if source != iteration:
-            status[stage] = stage_status(configs, source)[stage]
+            status[stage.name] = stage_status(configs, source)[stage.name]
             continue
-        if any(status[name] != "cached" for name in INPUTS[stage]):
-            status[stage] = "stale"
+        if any(status[name] != "cached" for name in stage.inputs):
+            status[stage.name] = "stale"
             continue
-        parameters: dict[str, object] = {"configs": configs, "iteration": iteration}
-        parameters.update({f"{name}_ref": refs[name] for name in INPUTS[stage]})
-        if stage == "sysid":
-            try:
-                parameters["earlier_refs"] = earlier_data_refs(configs, layout, iteration)
-            except DataError:
-                status[stage] = "stale"
-                continue
-        key = KEY_FUNCTIONS[stage](None, parameters)
-        status[stage] = "cached" if is_cached(key) else "stale"
+        try:
+            cached = stage.is_cached(Call(configs, iteration, refs, fresh=False))
+        except DataError:  # data of another iteration it reads is missing
+            cached = False
+        status[stage.name] = "cached" if cached else "stale"
     return status

@@ -1,10 +1,25 @@
-"""Error figures of an estimated trajectory against ground truth (evaluation only)."""
+"""Motion and error figures of end-cap trajectories: a run's motion in its start frame, and an
+estimated trajectory's errors against ground truth (evaluation only)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from pipeline.config import RobotConfig
+from pipeline.gaits.outcome import heading_change_rad
+from pipeline.robot_model import heading_rad
+
+
+def motion_in_start_frame(caps_m: np.ndarray) -> tuple[float, float, float]:
+    """Final centroid displacement (forward along the start heading, lateral; m) and heading
+    change (deg, ccw positive, unwrapped) of end caps ``caps_m`` (T, 6, 3)."""
+    heading = float(heading_rad(caps_m[0]))
+    forward = np.array([math.cos(heading), math.sin(heading)])
+    lateral = np.array([-forward[1], forward[0]])
+    displacement = caps_m[-1].mean(0)[:2] - caps_m[0].mean(0)[:2]
+    return float(displacement @ forward), float(displacement @ lateral), math.degrees(heading_change_rad(caps_m))
 
 
 def truth_at(t: np.ndarray, truth_t: np.ndarray, truth_caps: np.ndarray) -> np.ndarray:

@@ -13,14 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.config import RobotConfig
+from pipeline.config import CollectConfig, RobotConfig
 from pipeline.errors import PolicyError
 from pipeline.gaits.published import PUBLISHED_GAITS, published_gait
-from pipeline.robot_model import N_ACTUATED, target_to_length
+from pipeline.robot_model import N_ACTUATED, REST_TARGET, target_to_length
 
 log = logging.getLogger(__name__)
 
-REST_TARGET = np.ones(N_ACTUATED)
 
 
 @dataclass(frozen=True)
@@ -156,3 +155,11 @@ def policy_from_name(
     if name == "random":
         return random_policy(robot, n_random, seed, levels)
     return gait_policy(robot, name, cycles)
+
+
+def collect_policy(robot: RobotConfig, config: CollectConfig, seed_offset: int = 0) -> Policy:
+    """The policy the collect stage runs, from ``collect.policy`` (a random policy's seed plus
+    ``seed_offset``, so that later iterations get fresh random data)."""
+    seed = config.random.seed + seed_offset
+    n_random, levels = config.random.n_targets, config.random.levels
+    return policy_from_name(robot, config.policy, config.gait_cycles, n_random, seed, levels)

@@ -18,6 +18,8 @@ from pipeline.config import RobotConfig
 N_CAPS = 6
 N_RODS = 3
 N_ACTUATED = 6
+REST_TARGET = np.ones(N_ACTUATED)
+"""The rest shape: every actuated cable at its longest target (1)."""
 N_PASSIVE = 3
 N_CABLES = N_ACTUATED + N_PASSIVE
 

@@ -1,4 +1,4 @@
-"""RGB-D frames: one Parquet file per trajectory, PNG bytes per image (DESIGN §5).
+"""RGB-D frames: one Parquet file per trajectory, PNG bytes per image (docs/design.md, *Data contracts*).
 
 Columns: ``t`` (s, float64), ``rgb_png`` (PNG of an H x W x 3 uint8 RGB image),
 ``depth_png`` (16-bit PNG of an H x W uint16 depth image; metres = value *
@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import DataError
+from pipeline.hardware.base import CameraInfo
 from storage.tables import read_meta
 
 log = logging.getLogger(__name__)
@@ -94,3 +95,21 @@ def iter_frames(path: str | Path, tolerant: bool = False) -> Iterator[Frame | No
                 yield None
                 continue
             yield Frame(t_s=t, rgb=cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), depth=depth)
+
+
+def camera_from_meta(path: Path) -> CameraInfo:
+    """The camera of a frames file, from its validated metadata."""
+    camera = dict(frames_meta(path)["camera"])
+    camera["camera_to_world"] = np.asarray(camera["camera_to_world"], float)
+    if camera["camera_to_world"].shape != (4, 4):
+        raise DataError(f"{path}: camera.camera_to_world must be 4 x 4")
+    return CameraInfo(**camera)
+
+
+def first_frame_png(path: Path) -> bytes | None:
+    """The first RGB frame of the frames file ``path`` as PNG bytes; None if it holds none."""
+    first = next(iter_frames(path), None)
+    if first is None:
+        return None
+    ok, png = cv2.imencode(".png", cv2.cvtColor(first.rgb, cv2.COLOR_RGB2BGR))
+    return png.tobytes() if ok else None

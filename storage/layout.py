@@ -1,4 +1,4 @@
-"""Run layout, per-stage manifests and refs (DESIGN §5).
+"""Run layout, per-stage manifests and refs (docs/design.md, *Data contracts*).
 
 ``runs/<campaign>/iter_<k>/<stage>/`` holds a stage's output files and a
 ``manifest.json`` listing each file with its sha256. Stages hand each other
@@ -8,15 +8,19 @@
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pipeline.config import LoadedConfigs
 from pipeline.errors import DataError
 from storage.files import atomic_write_json, sha256_file
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,11 @@ class RunLayout:
 
     runs_dir: Path
     campaign: str
+
+    @classmethod
+    def of(cls, configs: LoadedConfigs) -> RunLayout:
+        """The layout of the campaign that ``configs`` name (``runs_dir``, ``campaign``)."""
+        return cls(configs.pipeline.runs_dir, configs.pipeline.campaign)
 
     @property
     def campaign_dir(self) -> Path:
@@ -117,3 +126,22 @@ def read_manifest(ref: Ref, verify_files: bool = True) -> dict:
             if sha256_file(path) != info["sha256"]:
                 raise DataError(f"{path}: content differs from the sha256 in {manifest_path}")
     return manifest
+
+
+def existing_ref(layout: RunLayout, iteration: int, stage: str) -> Ref:
+    """The ref of a stage's complete output on disk; :class:`DataError` if there is none."""
+    stage_dir = layout.stage_dir(iteration, stage)
+    ref = complete_stage_ref(stage_dir)
+    if ref is None:
+        raise DataError(f"{stage_dir}: stage '{stage}' has no complete output for iteration {iteration}; run it first")
+    return ref
+
+
+def set_aside(stage_dir: Path, why: str) -> Path:
+    """Keep an earlier stage output (``why``: "incomplete" or "replaced") by renaming its folder
+    to ``<stage>.<why>-<UTC time>``; returns where it now is."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    target = stage_dir.with_name(f"{stage_dir.name}.{why}-{stamp}")
+    shutil.move(stage_dir, target)
+    log.warning("earlier %s stage output kept at %s", why, target)
+    return target

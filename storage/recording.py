@@ -12,8 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.hardware.base import CameraInfo, FramePacket, GroundTruthPacket, Packet, SensorPacket
-from storage.frames import FRAMES_SCHEMA, FRAMES_SCHEMA_VERSION, encode_frame
+import numpy as np
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipeline.config import LoadedConfigs, config_hash
+from pipeline.errors import DataError
+from pipeline.hardware.base import CameraInfo, FramePacket, GroundTruthPacket, Packet, Robot, SensorPacket, StartPose
+from pipeline.policies import Policy
+from storage.files import atomic_write_bytes, atomic_write_json
+from storage.frames import FRAMES_SCHEMA, FRAMES_SCHEMA_VERSION, encode_frame, first_frame_png
+from storage.layout import Ref, read_manifest
 from storage.tables import PartedTableWriter, recover_parts
 from storage.trajectory import (
     CABLE_COLS,
@@ -31,6 +39,7 @@ from storage.trajectory import (
 HARDWARE_FILE = "hardware.parquet"
 GROUNDTRUTH_FILE = "groundtruth.parquet"
 FRAMES_FILE = "frames.parquet"
+POLICY_FILE = "policy.json"
 
 
 @dataclass
@@ -155,3 +164,80 @@ def recover_recording(folder: Path) -> list[Path]:
         if path is not None:
             recovered.append(path)
     return recovered
+
+
+def recording_folders(collect_ref: Ref) -> list[Path]:
+    """The recording folders (each with a hardware trajectory) of a verified collect stage, in order."""
+    read_manifest(collect_ref)
+    folders = sorted(p.parent for p in Path(collect_ref.path).glob(f"*/{HARDWARE_FILE}"))
+    if not folders:
+        raise DataError(f"{collect_ref.path}: the collect stage holds no recording ({HARDWARE_FILE})")
+    return folders
+
+
+def write_policy_json(folder: Path, name: str, policy_id: str, targets: np.ndarray) -> None:
+    """Write ``folder/policy.json``: the policy's name, id and targets (n, 6), atomically."""
+    atomic_write_json(folder / POLICY_FILE, {"name": name, "policy_id": policy_id, "targets": targets.tolist()})
+
+
+def write_first_frame_plot(stage_dir: Path, folder: Path) -> None:
+    """Save the first camera frame of ``folder``'s frames file (if any) as ``stage_dir/plots/first_frame.png``."""
+    png = first_frame_png(folder / FRAMES_FILE) if (folder / FRAMES_FILE).is_file() else None
+    if png is not None:
+        atomic_write_bytes(stage_dir / "plots" / "first_frame.png", png)
+
+
+def open_recording(
+    configs: LoadedConfigs, iteration: int, name: str, folder: Path, robot: Robot, segment_timeout_s: float
+) -> Recording:
+    """A recording of run ``name`` of ``iteration`` into ``folder``, with ``robot``'s camera if
+    ``collect.record_frames``, checkpointed every ``collect.checkpoint_every_s``; the run will
+    hold each target at most ``segment_timeout_s`` (s)."""
+    c = configs.pipeline.collect
+    identity = RecordingIdentity(
+        campaign=configs.pipeline.campaign,
+        iteration=iteration,
+        policy_id=name,
+        robot_config_hash=config_hash(configs.robot),
+        sample_rate_hz=configs.robot.pid.control_rate_hz,
+        imu_rods=configs.robot.sensors.imu_rods,
+        segment_timeout_s=segment_timeout_s,
+    )
+    return Recording(folder, identity, robot.camera if c.record_frames else None, c.checkpoint_every_s)
+
+
+def record_run(
+    robot: Robot,
+    policy: Policy,
+    recording: Recording,
+    record_frames: bool,
+    start: StartPose | None = None,
+    show_progress: bool = True,
+) -> None:
+    """Place ``robot`` at ``start``, run ``policy`` and write it into ``recording`` (opened with a
+    camera if ``record_frames``), each target held at most the recording's ``segment_timeout_s``. If the
+    hardware fails or the run is interrupted, the robot is stopped, what was recorded is kept,
+    marked incomplete, and the exception propagates."""
+    segments = 0
+    try:
+        robot.reset(start)
+        with Progress(
+            TextColumn("run {task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} targets"),
+            TimeElapsedColumn(),
+            disable=not show_progress,
+        ) as bar:
+            job = bar.add_task(policy.policy_id, total=len(policy))
+            timeout_s = recording.identity.segment_timeout_s
+            for packet in robot.execute(policy, timeout_s, record_frames=record_frames):
+                recording.add(packet)
+                if isinstance(packet, SensorPacket) and packet.segment != segments:
+                    segments = packet.segment
+                    bar.update(job, completed=segments)
+            bar.update(job, completed=len(policy))
+    except BaseException as exc:
+        robot.stop()
+        recording.close(complete=False, reason=f"{type(exc).__name__}: {exc}")
+        raise
+    recording.close(complete=True)

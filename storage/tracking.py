@@ -1,29 +1,73 @@
-"""MLflow tracking helper: SQLite store under the runs folder (or the server in
-``MLFLOW_TRACKING_URI``), explicit run ids.
+"""MLflow tracking: SQLite store under the runs folder (or the server in ``MLFLOW_TRACKING_URI``),
+explicit run ids.
 
-One experiment per campaign, one run per iteration (tag ``r2s2r.iteration``). The
-client API is used with explicit run ids throughout, because MLflow's fluent API
-keeps its active run per thread and Prefect runs tasks on worker threads.
+One experiment per campaign (a model-training experiment, so that the UI opens on its runs),
+holding a tree of runs::
+
+    campaign_<name>          headline/* at step = iteration: the campaign's learning curve
+      iter_<k>               params: the configs; metrics: headline/* and <stage>/* per stage
+        <stage>              params: the stage's config section; metrics <stage>/*; artifacts;
+                             sysid also logs the identified robot as an MLflow model
+
+Metric names are grouped by ``/``, so the UI's chart view makes one section per prefix,
+``headline`` first (:data:`HEADLINE`). A stage task logs through :class:`StageContext`. The
+client API is used with explicit run ids throughout, because MLflow's fluent API keeps its
+active run per thread and Prefect runs tasks on worker threads.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
-from collections.abc import Mapping
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
 from importlib.metadata import version
+from pathlib import Path
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from mlflow.entities import RunStatus, RunTag
+from mlflow.entities import LoggedModelOutput, Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
+from pipeline.config import LoadedConfigs, config_hash
 from storage.layout import RunLayout
 
 ITERATION_TAG = "r2s2r.iteration"
 CAMPAIGN_TAG = "r2s2r.campaign"
 CAMPAIGN_RUN_TAG = "r2s2r.campaign_run"
+STAGE_TAG = "r2s2r.stage"
+ROBOT_HASH_TAG = "r2s2r.robot_config_hash"
 ENVIRONMENT_TAG = "r2s2r.env"
+PARENT_TAG = "mlflow.parentRunId"
+"""MLflow's own tag: the run's parent in the UI's run tree."""
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+"""MLflow's own experiment tag: ``custom_model_development`` opens the UI on the runs."""
+EXPERIMENT_KIND = "custom_model_development"
+HEADLINE_PREFIX = "headline/"
+HEADLINE = {
+    "evaluate/gap.before.com_error_m": "gap_before_m",
+    "evaluate/gap.after.com_error_m": "gap_after_m",
+    "evaluate/gap.before.heading_error_deg": "heading_gap_before_deg",
+    "evaluate/gap.after.heading_error_deg": "heading_gap_after_deg",
+    "sysid/holdout.before.key_frame_error_mm": "heldout_before_mm",
+    "sysid/holdout.after.key_frame_error_mm": "heldout_after_mm",
+    "sysid/holdout.truth.key_frame_error_mm": "heldout_truth_mm",
+    "gaits/policy.straight.forward_m": "straight_forward_sim_m",
+    "gaits/policy.turning.rotation_deg": "turning_rotation_sim_deg",
+    "redeploy/repeatability.straight.forward_m_mean": "straight_forward_real_m",
+    "redeploy/repeatability.turning.rotation_deg_mean": "turning_rotation_real_deg",
+}
+"""The figures that say whether an iteration worked, by their stage metric: the sim-to-real gap
+of the redeploy runs before and after identification (final centre of mass, m; heading, deg),
+the held-out key-frame error before, after and (on the twin) with the twin's own values (mm),
+the chosen policies' motion in the engine and on the robot; besides these, every identified
+value and, on the twin, its error against the truth (:data:`HEADLINE_PREFIXES`)."""
+HEADLINE_PREFIXES = {"sysid/value.": "identified.", "sysid/truth_error_pct.": "identified_error_pct."}
 RESULT_PACKAGES = ("torch", "mujoco", "numpy", "scipy", "cma", "opencv-python-headless", "open3d")
 """The installed packages whose numerics the identified values and gaits depend on."""
 
@@ -53,22 +97,24 @@ def client_for(layout: RunLayout) -> MlflowClient:
 
 
 def experiment_id(client: MlflowClient, layout: RunLayout) -> str:
-    """The campaign's experiment, created if new: with an absolute artifact location under the
-    runs folder, or, on a tracking server, where the server keeps artifacts."""
+    """The campaign's experiment, created if new (a model-training experiment): with an absolute
+    artifact location under the runs folder, or, on a tracking server, where the server keeps
+    artifacts."""
+    tags = {CAMPAIGN_TAG: layout.campaign, EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
     existing = client.get_experiment_by_name(layout.campaign)
     if existing is not None:
+        if existing.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+            client.set_experiment_tag(existing.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return existing.experiment_id
     if is_server_uri(client.tracking_uri):
-        return client.create_experiment(layout.campaign, tags={CAMPAIGN_TAG: layout.campaign})
+        return client.create_experiment(layout.campaign, tags=tags)
     artifacts = (layout.mlflow_artifacts / layout.campaign).resolve()
     artifacts.mkdir(parents=True, exist_ok=True)
-    return client.create_experiment(
-        layout.campaign, artifact_location=artifacts.as_uri(), tags={CAMPAIGN_TAG: layout.campaign}
-    )
+    return client.create_experiment(layout.campaign, artifact_location=artifacts.as_uri(), tags=tags)
 
 
 def iteration_run(client: MlflowClient, layout: RunLayout, iteration: int) -> tuple[str, bool]:
-    """Run id of the iteration's MLflow run, creating it if needed.
+    """Run id of the iteration's MLflow run (a child of the campaign run), creating it if needed.
 
     Returns ``(run_id, created)``. A second invocation of the same iteration
     reuses the run, so there is exactly one run per iteration.
@@ -77,9 +123,8 @@ def iteration_run(client: MlflowClient, layout: RunLayout, iteration: int) -> tu
     found = client.search_runs([exp], filter_string=f"tags.`{ITERATION_TAG}` = '{iteration}'", max_results=1)
     if found:
         return found[0].info.run_id, False
-    run = client.create_run(
-        exp, run_name=f"iter_{iteration}", tags={ITERATION_TAG: str(iteration), CAMPAIGN_TAG: layout.campaign}
-    )
+    tags = {ITERATION_TAG: str(iteration), CAMPAIGN_TAG: layout.campaign, PARENT_TAG: campaign_run(client, layout)}
+    run = client.create_run(exp, run_name=f"iter_{iteration}", tags=tags)
     return run.info.run_id, True
 
 
@@ -92,6 +137,23 @@ def campaign_run(client: MlflowClient, layout: RunLayout) -> str:
         return found[0].info.run_id
     tags = {CAMPAIGN_RUN_TAG: "1", CAMPAIGN_TAG: layout.campaign}
     return client.create_run(exp, run_name=f"campaign_{layout.campaign}", tags=tags).info.run_id
+
+
+def stage_runs(client: MlflowClient, iteration_run_id: str, stage: str) -> list:
+    """The stage's child runs of an iteration run (one per execution of the stage), newest first."""
+    run = client.get_run(iteration_run_id)
+    query = f"tags.`{PARENT_TAG}` = '{iteration_run_id}' and tags.`{STAGE_TAG}` = '{stage}'"
+    return client.search_runs([run.info.experiment_id], filter_string=query, order_by=["attributes.start_time DESC"])
+
+
+def headline_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The headline figures (:data:`HEADLINE`, :data:`HEADLINE_PREFIXES`) among an iteration run's
+    stage ``metrics``, named ``headline/<name>``."""
+    out = {HEADLINE_PREFIX + name: metrics[key] for key, name in HEADLINE.items() if key in metrics}
+    for prefix, name in HEADLINE_PREFIXES.items():
+        found = {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix)}
+        out.update({f"{HEADLINE_PREFIX}{name}{key}": value for key, value in found.items()})
+    return out
 
 
 def flatten(prefix: str, value: object) -> dict[str, str]:
@@ -139,5 +201,123 @@ def set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, str]) -> None
 
 
 def finish_run(client: MlflowClient, run_id: str, ok: bool) -> None:
+    """Mark the run finished (``ok``) or failed, and any of its child runs still running failed."""
     status = RunStatus.to_string(RunStatus.FINISHED if ok else RunStatus.FAILED)
+    run = client.get_run(run_id)
+    query = f"tags.`{PARENT_TAG}` = '{run_id}' and attributes.status = 'RUNNING'"
+    for child in client.search_runs([run.info.experiment_id], filter_string=query):
+        client.set_terminated(child.info.run_id, status=RunStatus.to_string(RunStatus.FAILED))
     client.set_terminated(run_id, status=status)
+
+
+def is_metric(value: object) -> bool:
+    """Whether ``value`` is logged as a metric: a finite int or float (a bool is not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def log_metrics(client: MlflowClient, run_id: str, metrics: Mapping[str, float], step: int) -> None:
+    """Log ``metrics`` at ``step`` on the run in batches (MLflow takes at most 1000 a call)."""
+    stamp = int(time.time() * 1000)
+    batch = [Metric(key, float(value), stamp, step) for key, value in metrics.items()]
+    for start in range(0, len(batch), 1000):
+        client.log_batch(run_id, metrics=batch[start : start + 1000])
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """What a stage task works in: the configs, the iteration, the stage's name and the iteration's
+    MLflow run. Used as a context manager around the task's logging: the first :meth:`log`
+    creates the stage's child run of the iteration run (params: the stage's config section and
+    the robot config's hash), which ends finished, or failed if the block raises."""
+
+    configs: LoadedConfigs
+    iteration: int
+    stage: str
+    iteration_run_id: str
+
+    @cached_property
+    def layout(self) -> RunLayout:
+        return RunLayout.of(self.configs)
+
+    @cached_property
+    def client(self) -> MlflowClient:
+        return client_for(self.layout)
+
+    @property
+    def stage_dir(self) -> Path:
+        """The stage's output folder for this iteration."""
+        return self.layout.stage_dir(self.iteration, self.stage)
+
+    @cached_property
+    def run_id(self) -> str:
+        """The stage's child run of the iteration run, created on first use."""
+        experiment = self.client.get_run(self.iteration_run_id).info.experiment_id
+        tags = {
+            PARENT_TAG: self.iteration_run_id,
+            STAGE_TAG: self.stage,
+            CAMPAIGN_TAG: self.layout.campaign,
+        }
+        run_id = self.client.create_run(experiment, run_name=self.stage, tags=tags).info.run_id
+        section = getattr(self.configs.pipeline, self.stage, None)
+        params = flatten(self.stage, section.model_dump(mode="json")) if section is not None else {}
+        params["robot.config_hash"] = config_hash(self.configs.robot)
+        self.client.log_batch(run_id, params=[Param(k, v[:6000]) for k, v in params.items()])
+        return run_id
+
+    def __enter__(self) -> StageContext:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if "run_id" in self.__dict__:
+            finish_run(self.client, self.run_id, ok=kind is None)
+
+    def metric_name(self, key: str) -> str:
+        return f"{self.stage}/{key}"
+
+    def log(
+        self,
+        summary: Mapping[str, object],
+        artifacts: Iterable[Path] = (),
+        folder: str = "",
+        tags: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> None:
+        """Log the stage's figures: every metric value of ``summary`` (:func:`is_metric`) as
+        ``<stage>/<key>`` at step = iteration on the stage run and on the iteration run (whose
+        charts compare iterations), ``tags`` and ``params`` (those not yet there: MLflow params
+        are immutable) as ``<stage>.<key>`` on both, and each of ``artifacts`` under ``folder``
+        of the stage run."""
+        metrics = {self.metric_name(k): float(v) for k, v in summary.items() if is_metric(v)}
+        for run in (self.run_id, self.iteration_run_id):
+            log_metrics(self.client, run, metrics, self.iteration)
+            if tags:
+                set_tags(self.client, run, {f"{self.stage}.{k}": v for k, v in tags.items()})
+            if params:
+                log_params_once(self.client, run, {f"{self.stage}.{k}": v for k, v in params.items()})
+        for path in artifacts:
+            self.client.log_artifact(self.run_id, str(path), artifact_path=folder or None)
+
+    def log_series(self, name: str, values: Iterable[tuple[int, float]]) -> None:
+        """Log metric ``<stage>/<name>`` on the stage run as a series of ``(step, value)`` pairs
+        (e.g. a loss curve over optimiser steps)."""
+        stamp = int(time.time() * 1000)
+        batch = [Metric(self.metric_name(name), float(v), stamp, step) for step, v in values]
+        for start in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[start : start + 1000])
+
+    def log_model(self, name: str, files: Iterable[Path], params: Mapping[str, str]) -> str:
+        """Log ``files`` as MLflow model ``name`` (the UI's Models tab) made by the stage run, with
+        ``params`` and the robot config's hash as a tag (:data:`ROBOT_HASH_TAG`); returns its
+        model id. ``mlflow.artifacts.download_artifacts("models:/<model id>")`` fetches the files."""
+        experiment = self.client.get_run(self.run_id).info.experiment_id
+        tags = {ROBOT_HASH_TAG: config_hash(self.configs.robot), ITERATION_TAG: str(self.iteration)}
+        model = self.client.create_logged_model(
+            experiment, name=name, source_run_id=self.run_id, tags=tags, params=dict(params)
+        )
+        with tempfile.TemporaryDirectory() as folder:
+            for path in files:
+                shutil.copy2(path, Path(folder) / path.name)
+            self.client.log_model_artifacts(model.model_id, folder)
+        self.client.finalize_logged_model(model.model_id, "READY")
+        self.client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step=self.iteration)])
+        return model.model_id

@@ -1,69 +1,48 @@
-"""The ``collect`` stage: run a policy on the hardware and record it (DESIGN §1.1).
+"""The ``collect`` stage: run a policy on the hardware and record it.
 
-:func:`run_collect` does the work (usable without Prefect); :func:`collect` is the
-Prefect task. Its cache key is the iteration's identity (runs folder, campaign,
-iteration, stage version), so a second invocation never runs the hardware again.
+:func:`run_collect` does the work (usable without Prefect); :func:`collect` is the Prefect
+task. A complete collection is never recorded again unless asked (``fresh``), so a second
+invocation never runs the hardware again.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from prefect import task
-from prefect.context import TaskRunContext
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.config import LoadedConfigs, config_hash
+from pipeline.config import LoadedConfigs
 from pipeline.errors import DataError
 from pipeline.hardware import make_robot
-from pipeline.hardware.base import Robot, SensorPacket, StartPose
+from pipeline.hardware.base import Robot
 from pipeline.plots import top_view_paths
-from pipeline.policies import Policy, policy_from_name
-from storage.files import atomic_write_bytes, atomic_write_json
-from storage.frames import iter_frames
-from storage.layout import Ref, RunLayout, complete_stage_ref, read_manifest, write_manifest
+from pipeline.policies import Policy, collect_policy
+from storage.files import atomic_write_bytes
+from storage.layout import Ref, RunLayout, complete_stage_ref, read_manifest, set_aside, write_manifest
 from storage.recording import (
     FRAMES_FILE,
     GROUNDTRUTH_FILE,
     HARDWARE_FILE,
+    POLICY_FILE,
     Recording,
-    RecordingIdentity,
+    open_recording,
+    record_run,
     recover_recording,
+    write_first_frame_plot,
+    write_policy_json,
 )
-from storage.tracking import client_for
+from storage.tracking import StageContext
 from storage.trajectory import caps_array, read_trajectory
 
 STAGE = "collect"
-STAGE_VERSION = "2"
 SOURCE_KEY = "redeploy_manifest_sha256"
 """Summary key (iteration k > 1): the sha256 of the redeploy stage manifest whose runs were copied."""
-POLICY_FILE = "policy.json"
 log = logging.getLogger(__name__)
-
-
-def collect_policy(configs: LoadedConfigs, seed_offset: int = 0) -> Policy:
-    """The policy the collect stage runs, from ``collect.policy`` in the pipeline config (a random
-    policy's seed plus ``seed_offset``, so later iterations get fresh random data)."""
-    c = configs.pipeline.collect
-    seed = c.random.seed + seed_offset
-    return policy_from_name(configs.robot, c.policy, c.gait_cycles, c.random.n_targets, seed, c.random.levels)
-
-
-def set_aside(stage_dir: Path, why: str) -> Path:
-    """Keep an earlier stage output (``why``: "incomplete" or "replaced") by renaming its folder;
-    returns where it now is."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    target = stage_dir.with_name(f"{stage_dir.name}.{why}-{stamp}")
-    shutil.move(stage_dir, target)
-    log.warning("earlier %s stage output kept at %s", why, target)
-    return target
 
 
 def run_collect(
@@ -91,7 +70,7 @@ def run_collect(
     incomplete, and the exception propagates.
     Returns the stage ref and a summary of numeric statistics.
     """
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    layout = RunLayout.of(configs)
     stage_dir = layout.stage_dir(iteration, STAGE)
     existing = complete_stage_ref(stage_dir)
     earlier = read_manifest(existing)["summary"] if existing is not None and not fresh else {}
@@ -105,7 +84,7 @@ def run_collect(
             stage_dir,
             iteration - 1,
         )
-    policy = collect_policy(configs, seed_offset=iteration - 1)
+    policy = collect_policy(configs.robot, configs.pipeline.collect, seed_offset=iteration - 1)
     stopped = stopped_segment(stage_dir, policy) if existing is None and iteration == 1 else None
     kept = None
     if stage_dir.exists() and stopped is None:
@@ -212,7 +191,7 @@ def needs_hardware(configs: LoadedConfigs, iteration: int) -> bool:
     without a complete collection, or a later one that records a random policy of its own
     (``redeploy_and_random``) and has none to carry over. Copying iteration k - 1's redeploy runs,
     again when the collection holds other ones, needs no robot."""
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    layout = RunLayout.of(configs)
     stage_dir = layout.stage_dir(iteration, STAGE)
     existing = complete_stage_ref(stage_dir)
     random = configs.pipeline.collect.later_iterations == "redeploy_and_random"
@@ -223,7 +202,7 @@ def needs_hardware(configs: LoadedConfigs, iteration: int) -> bool:
     earlier = read_manifest(existing, verify_files=False)["summary"]
     if _holds_current_runs(layout, iteration, earlier):
         return False
-    policy = collect_policy(configs, seed_offset=iteration - 1)
+    policy = collect_policy(configs.robot, configs.pipeline.collect, seed_offset=iteration - 1)
     carried = earlier.get("policy_id") == policy.policy_id and (stage_dir / policy.policy_id).is_dir()
     return random and not carried
 
@@ -231,69 +210,7 @@ def needs_hardware(configs: LoadedConfigs, iteration: int) -> bool:
 def _holds_current_runs(layout: RunLayout, iteration: int, summary: dict) -> bool:
     """Whether a collection of ``iteration`` with manifest ``summary`` copied the redeploy runs of
     iteration ``iteration - 1`` now on disk."""
-    return summary.get(SOURCE_KEY) == _redeploy_sha(layout, iteration)
-
-
-def _redeploy_sha(layout: RunLayout, iteration: int) -> str | None:
-    """The manifest sha256 of iteration ``iteration - 1``'s complete redeploy stage (None: none)."""
-    previous = complete_stage_ref(layout.stage_dir(iteration - 1, "redeploy"))
-    return None if previous is None else previous.sha256
-
-
-def open_recording(
-    configs: LoadedConfigs, iteration: int, name: str, folder: Path, robot: Robot, segment_timeout_s: float
-) -> Recording:
-    """A recording of run ``name`` of ``iteration`` into ``folder``, with ``robot``'s camera if
-    ``collect.record_frames``, checkpointed every ``collect.checkpoint_every_s``; the run will
-    hold each target at most ``segment_timeout_s`` (s)."""
-    c = configs.pipeline.collect
-    identity = RecordingIdentity(
-        campaign=configs.pipeline.campaign,
-        iteration=iteration,
-        policy_id=name,
-        robot_config_hash=config_hash(configs.robot),
-        sample_rate_hz=configs.robot.pid.control_rate_hz,
-        imu_rods=configs.robot.sensors.imu_rods,
-        segment_timeout_s=segment_timeout_s,
-    )
-    return Recording(folder, identity, robot.camera if c.record_frames else None, c.checkpoint_every_s)
-
-
-def record_run(
-    robot: Robot,
-    policy: Policy,
-    recording: Recording,
-    record_frames: bool,
-    start: StartPose | None = None,
-    show_progress: bool = True,
-) -> None:
-    """Place ``robot`` at ``start``, run ``policy`` and write it into ``recording`` (opened with a
-    camera if ``record_frames``), each target held at most the recording's ``segment_timeout_s``. If the
-    hardware fails or the run is interrupted, the robot is stopped, what was recorded is kept,
-    marked incomplete, and the exception propagates."""
-    segments = 0
-    try:
-        robot.reset(start)
-        with Progress(
-            TextColumn("run {task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} targets"),
-            TimeElapsedColumn(),
-            disable=not show_progress,
-        ) as bar:
-            job = bar.add_task(policy.policy_id, total=len(policy))
-            timeout_s = recording.identity.segment_timeout_s
-            for packet in robot.execute(policy, timeout_s, record_frames=record_frames):
-                recording.add(packet)
-                if isinstance(packet, SensorPacket) and packet.segment != segments:
-                    segments = packet.segment
-                    bar.update(job, completed=segments)
-            bar.update(job, completed=len(policy))
-    except BaseException as exc:
-        robot.stop()
-        recording.close(complete=False, reason=f"{type(exc).__name__}: {exc}")
-        raise
-    recording.close(complete=True)
+    return summary.get(SOURCE_KEY) == previous_redeploy_sha(layout, iteration)
 
 
 def _summarise(truth: pd.DataFrame, policy: Policy, recording: Recording) -> dict[str, float]:
@@ -313,52 +230,27 @@ def _summarise(truth: pd.DataFrame, policy: Policy, recording: Recording) -> dic
     }
 
 
-def write_policy_json(folder: Path, name: str, policy_id: str, targets: np.ndarray) -> None:
-    """Write ``folder/policy.json``: the policy's name, id and targets (n, 6), atomically."""
-    atomic_write_json(folder / POLICY_FILE, {"name": name, "policy_id": policy_id, "targets": targets.tolist()})
-
-
-def write_first_frame_plot(stage_dir: Path, folder: Path) -> None:
-    """Save the first camera frame of ``folder``'s frames file (if any) as ``plots/first_frame.png``."""
-    if not (folder / FRAMES_FILE).is_file():
-        return
-    import cv2
-
-    first = next(iter_frames(folder / FRAMES_FILE), None)
-    if first is not None:
-        ok, png = cv2.imencode(".png", cv2.cvtColor(first.rgb, cv2.COLOR_RGB2BGR))
-        if ok:
-            atomic_write_bytes(stage_dir / "plots" / "first_frame.png", png.tobytes())
-
-
 def _write_plots(stage_dir: Path, folder: Path, caps: np.ndarray, policy: Policy) -> None:
     atomic_write_bytes(stage_dir / "plots" / "top_view.png", top_view_paths(caps, f"end-cap paths: {policy.policy_id}"))
     write_first_frame_plot(stage_dir, folder)
 
 
-def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
-    """The Prefect cache key of this stage for the task parameters ``parameters``."""
-    configs: LoadedConfigs = parameters["configs"]
-    iteration = parameters["iteration"]
-    identity = f"{configs.pipeline.runs_dir.resolve()}|{configs.pipeline.campaign}|{iteration}"
-    if iteration > 1:  # the previous iteration's redeploy runs, whose recording is collected
-        layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
-        identity += f"|{_redeploy_sha(layout, iteration) or 'none'}"
-    return f"{STAGE}-v{STAGE_VERSION}-{hashlib.sha256(identity.encode()).hexdigest()[:24]}"
+def previous_redeploy_sha(layout: RunLayout, iteration: int) -> str | None:
+    """The manifest sha256 of iteration ``iteration - 1``'s complete redeploy stage, whose runs
+    iteration ``iteration`` collects (None: none, or ``iteration`` is 1)."""
+    if iteration == 1:
+        return None
+    previous = complete_stage_ref(layout.stage_dir(iteration - 1, "redeploy"))
+    return None if previous is None else previous.sha256
 
 
-@task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
+@task(name=STAGE)
 def collect(configs: LoadedConfigs, iteration: int, mlflow_run_id: str, fresh: bool = False) -> dict[str, str]:
     """Prefect task: run :func:`run_collect` (``fresh``: record anew even over a complete
     collection), log it to MLflow, return the ref as JSON."""
     ref, summary = run_collect(configs, iteration, fresh=fresh)
-    client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
-    for key, value in summary.items():
-        if isinstance(value, int | float):
-            client.log_metric(mlflow_run_id, f"{STAGE}.{key}", float(value), step=iteration)
-    if "policy_id" in summary:
-        client.set_tag(mlflow_run_id, f"{STAGE}.policy_id", str(summary["policy_id"]))
-    plots = Path(ref.path) / "plots"
-    for png in sorted(plots.glob("*.png")):
-        client.log_artifact(mlflow_run_id, str(png), artifact_path=STAGE)
+    tags = {"policy_id": str(summary["policy_id"])} if "policy_id" in summary else None
+    plots = sorted((Path(ref.path) / "plots").glob("*.png"))
+    with StageContext(configs, iteration, STAGE, mlflow_run_id) as context:
+        context.log(summary, plots, tags=tags)
     return ref.to_json()

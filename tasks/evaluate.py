@@ -1,5 +1,5 @@
 """The ``evaluate`` stage: the sim-to-real gap of the iteration's redeploy runs, and the
-iteration's summary (DESIGN §1.6; seed 000 Table II).
+iteration's summary.
 
 :func:`run_evaluate` replays every redeploy run in the engine from its tracked start, with the
 robot config's parameters ("before" sysid) and with the identified ones ("after"), one batch
@@ -21,29 +21,23 @@ import numpy as np
 import pyarrow as pa
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
-from prefect.context import TaskRunContext
 
 from pipeline.config import LoadedConfigs, RobotConfig
 from pipeline.gaits.outcome import folded_flat, simulate_targets
+from pipeline.metrics import motion_in_start_frame
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.rollout import settle, state_from_caps
 from pipeline.plots import replay_paths
 from pipeline.robot_model import heading_rad
+from pipeline.truth import truth_errors
+from storage.catalog import GAP_FILE, SUMMARY_FILE, attached_robot, identified_robot
 from storage.files import atomic_write_bytes
 from storage.layout import Ref, RunLayout, read_manifest, write_manifest
+from storage.redeploy_runs import Run, recorded_runs
 from storage.tables import write_table
-from storage.tracking import client_for, tracking_uri
-from storage.trajectory import caps_array, read_trajectory
-from tasks.caching import stage_cache_key
-from tasks.gaits import identified_robot
-from tasks.redeploy import Run, motion_in_start_frame, recorded_runs
-from tasks.sysid import sysid_robot, truth_errors
-from tasks.track import TRACKED_FILE
+from storage.tracking import StageContext, tracking_uri
 
 STAGE = "evaluate"
-STAGE_VERSION = "2"
-GAP_FILE = "gap.parquet"
-SUMMARY_FILE = "summary.md"
 ENGINES = ("before", "after")
 """The engines each run is replayed in: the robot config's parameters, and the identified ones."""
 
@@ -132,11 +126,11 @@ def run_evaluate(
     """Replay the redeploy runs before and after sysid; write the gap table, plots and summary
     (with ``mlflow``, a line naming the MLflow run, under its title).
     Returns the ref and the summary (gap figures)."""
-    stage_dir = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign).stage_dir(iteration, STAGE)
+    stage_dir = RunLayout.of(configs).stage_dir(iteration, STAGE)
     stage_dir.mkdir(parents=True, exist_ok=True)
     runs = recorded_runs(redeploy_ref)
-    real = [caps_array(read_trajectory(r.folder / TRACKED_FILE, expect_source="tracked")[0]) for r in runs]
-    engines = {"before": sysid_robot(configs, attach_ref), "after": identified_robot(configs, attach_ref, sysid_ref)}
+    real = [run.tracked_caps() for run in runs]
+    engines = {"before": attached_robot(configs, attach_ref), "after": identified_robot(configs, attach_ref, sysid_ref)}
     starts = np.stack([caps[0] for caps in real])
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
     dt_s = configs.pipeline.gaits.search.dt_s
@@ -198,14 +192,7 @@ def summary_markdown(
     return "\n".join(lines) + "\n"
 
 
-def cache_key(context: TaskRunContext | None, parameters: dict) -> str:
-    """The Prefect cache key of this stage for the task parameters ``parameters``."""
-    inputs = {k: parameters[f"{k}_ref"] for k in ("attach", "sysid", "gaits", "redeploy")}
-    configs = parameters["configs"]
-    return stage_cache_key(STAGE, STAGE_VERSION, configs, parameters["iteration"], inputs, ("redeploy", "gaits"))
-
-
-@task(name=STAGE, cache_key_fn=cache_key, persist_result=True, result_serializer="json")
+@task(name=STAGE)
 def evaluate(
     configs: LoadedConfigs,
     iteration: int,
@@ -217,18 +204,14 @@ def evaluate(
 ) -> dict[str, str]:
     """Prefect task: run :func:`run_evaluate`; log the gap figures, table, plots and summary to
     MLflow, and publish the summary as a Prefect markdown artifact naming the MLflow run."""
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
-    client = client_for(layout)
-    experiment = client.get_run(mlflow_run_id).info.experiment_id
-    link = f"MLflow run `{mlflow_run_id}` (experiment {experiment}, tracking URI `{tracking_uri(layout)}`)"
-    refs = [Ref.from_json(r) for r in (attach_ref, sysid_ref, gaits_ref, redeploy_ref)]
-    ref, summary = run_evaluate(configs, iteration, *refs, mlflow=link)
-    for key, value in summary.items():
-        client.log_metric(mlflow_run_id, f"{STAGE}.{key}", value, step=iteration)
-    for name in (GAP_FILE, SUMMARY_FILE):
-        client.log_artifact(mlflow_run_id, str(Path(ref.path) / name), artifact_path=STAGE)
-    for path in sorted((Path(ref.path) / "plots").glob("*.png")):
-        client.log_artifact(mlflow_run_id, str(path), artifact_path=STAGE)
+    with StageContext(configs, iteration, STAGE, mlflow_run_id) as context:
+        experiment = context.client.get_run(mlflow_run_id).info.experiment_id
+        uri = tracking_uri(context.layout)
+        link = f"MLflow run `{mlflow_run_id}` (experiment {experiment}, tracking URI `{uri}`)"
+        refs = [Ref.from_json(r) for r in (attach_ref, sysid_ref, gaits_ref, redeploy_ref)]
+        ref, summary = run_evaluate(configs, iteration, *refs, mlflow=link)
+        files = [Path(ref.path) / name for name in (GAP_FILE, SUMMARY_FILE)]
+        context.log(summary, [*files, *sorted((Path(ref.path) / "plots").glob("*.png"))])
     markdown = (Path(ref.path) / SUMMARY_FILE).read_text()
     create_markdown_artifact(
         markdown, key=artifact_key(configs.pipeline.campaign, iteration), description="R2S2R iteration summary"

@@ -16,9 +16,12 @@ import numpy as np
 
 from pipeline.config import LoadedConfigs, config_hash
 from pipeline.errors import DataError
-from storage.layout import Ref, RunLayout, complete_stage_ref, write_manifest
+from storage.layout import Ref, RunLayout, complete_stage_ref, set_aside, write_manifest
+from storage.recording import write_first_frame_plot, write_policy_json
 from storage.tribar import Extrinsics, import_tribar, read_tribar_config, source_digest
-from tasks.collect import STAGE, set_aside, write_first_frame_plot, write_policy_json
+
+STAGE = "collect"
+"""The stage whose output an import writes."""
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ def run_import(
     ``policy_id``).
     """
     src_dir = Path(src_dir)
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    layout = RunLayout.of(configs)
     stage_dir = layout.stage_dir(iteration, STAGE)
     if complete_stage_ref(stage_dir) is not None:
         raise DataError(

@@ -123,7 +123,7 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
 
-PREFECT_SERVER_MODULES = ("tests/test_collect_flow.py", "tests/test_runners.py")
+PREFECT_SERVER_MODULES = ("tests/test_collect_flow.py", "tests/test_runners.py", "tests/test_stages.py")
 """The test modules with tests on the shared Prefect server (the ``prefect_server`` fixture)."""
 
 
@@ -152,7 +152,7 @@ def prefect_server():
 
 def empty_overlays(configs: LoadedConfigs, iteration: int) -> dict[str, Ref]:
     """Attach and sysid stage outputs by hand with empty overlays: the robot config as it is."""
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    layout = RunLayout.of(configs)
     refs = {}
     for stage, name in (("attach", "attachment.yaml"), ("sysid", "identified.yaml")):
         folder = layout.stage_dir(iteration, stage)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from flows.iteration import STAGES
+from flows.stages import stage_names
 from flows.status import stage_status
 from pipeline.config import load_all, robot_with_overlay
 from pipeline.errors import HardwareError
@@ -29,7 +29,14 @@ from storage.recording import (
     RecordingIdentity,
     recover_recording,
 )
-from storage.tracking import ITERATION_TAG, client_for
+from storage.tracking import (
+    CAMPAIGN_RUN_TAG,
+    EXPERIMENT_KIND_TAG,
+    ITERATION_TAG,
+    PARENT_TAG,
+    client_for,
+    stage_runs,
+)
 from storage.trajectory import read_trajectory
 from tasks.collect import SOURCE_KEY, needs_hardware, run_collect
 
@@ -90,7 +97,7 @@ def test_disconnect_keeps_partial_recording(tmp_path: Path) -> None:
     assert json.loads((rest / "policy.json").read_text())["targets"] == targets[stopped:]
 
     # sysid reads the partial recording up to its last finished segment
-    from tasks.sysid import load_recordings
+    from storage.catalog import load_recordings
     from tasks.track import run_track
 
     track_ref, _ = run_track(configs, 1, ref)
@@ -108,7 +115,7 @@ def test_a_later_collect_follows_the_redeploy_runs_it_copies(tmp_path: Path, twi
     the hardware copy the new runs)."""
     config = write_test_pipeline(tmp_path, campaign="stale", n_targets=2, later_iterations="redeploy_and_random")
     configs = load_all(config)
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    layout = RunLayout.of(configs)
     redeploy_dir = layout.stage_dir(1, "redeploy")
 
     def redeploy_run(seed: int) -> None:
@@ -210,18 +217,29 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     configs = load_all(config)
     redeployed = Path(third["stages"]["collect"]["ref"]["path"]) / "turning-start0" / HARDWARE_FILE
     assert read_trajectory(redeployed)[1].segment_timeout_s == configs.pipeline.redeploy.segment_timeout_s
-    client = client_for(RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign))
+    client = client_for(RunLayout.of(configs))
     experiment = client.get_experiment_by_name("flowtest")
     runs = client.search_runs([experiment.experiment_id])
-    assert sorted(r.data.tags[ITERATION_TAG] for r in runs) == ["1", "2"]
+    assert sorted(r.data.tags[ITERATION_TAG] for r in runs if ITERATION_TAG in r.data.tags) == ["1", "2"]
     run = client.get_run(first["mlflow_run_id"])
+    campaign = next(r for r in runs if r.data.tags.get(CAMPAIGN_RUN_TAG) == "1")
+    assert run.data.tags[PARENT_TAG] == campaign.info.run_id  # the run tree: campaign, iterations, stages
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == "custom_model_development"  # the UI opens on the runs
+
+    def stage_run(stage: str) -> str:
+        """The stage's one child run of iteration 1's run (its second invocation was cached)."""
+        (found,) = stage_runs(client, run.info.run_id, stage)
+        assert found.info.status == "FINISHED" and found.data.params["robot.config_hash"]
+        return found.info.run_id
+
     assert run.info.status == "FINISHED"
     assert run.data.params["robot.pid.kp"] == "6.0"
     assert run.data.params["pipeline.collect.policy"] == "random"
-    assert run.data.metrics["collect.n_frames"] > 0
-    assert run.data.metrics["collect.duration_s"] > 1.0
-    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "collect")}
-    assert artifacts == {"collect/top_view.png", "collect/first_frame.png"}
+    assert run.data.metrics["collect/n_frames"] > 0
+    assert run.data.metrics["collect/duration_s"] > 1.0
+    artifacts = {a.path for a in client.list_artifacts(stage_run("collect"))}
+    assert artifacts == {"top_view.png", "first_frame.png"}
+    assert client.get_run(stage_run("collect")).data.params["collect.policy"] == "random"  # its config section
     assert "prefect.flow_run_id" in run.data.tags
     assert run.data.tags["r2s2r.env.mujoco"] == version("mujoco")
     assert run.data.tags["r2s2r.env.torch"] == version("torch")
@@ -231,10 +249,10 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     for stage in ("track", "attach", "sysid", "gaits", "redeploy", "evaluate"):
         assert first["stages"][stage]["cached"] is False
         assert second["stages"][stage]["cached"] is True
-    assert run.data.metrics["track.error_cap_error_mean_mm"] < 10.0  # 320 x 240 test camera
-    assert run.data.metrics["track.error_identity_swaps"] == 0
-    assert "attach.phase_rad_0" in run.data.metrics
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "attach")} >= {"attach/attachment.png"}
+    assert run.data.metrics["track/error_cap_error_mean_mm"] < 10.0  # 320 x 240 test camera
+    assert run.data.metrics["track/error_identity_swaps"] == 0
+    assert "attach/phase_rad_0" in run.data.metrics
+    assert {a.path for a in client.list_artifacts(stage_run("attach"))} >= {"attachment.png"}
     overlay = Path(first["stages"]["attach"]["ref"]["path"]) / "attachment.yaml"
     assert robot_with_overlay(configs.robot, yaml.safe_load(overlay.read_text()), overlay).attachment
     sysid_dir = Path(first["stages"]["sysid"]["ref"]["path"])
@@ -245,35 +263,46 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert methods == ["gradient"] * 2 + ["search"] * 2 + ["profile"] * (len(methods) - 5) + ["shooting"]
     assert history["loss"].notna().all()
     assert run.data.params["sysid.identified.motor_speed"] == f"{identified['motor']['speed']:.6g}"
-    assert len(client.get_metric_history(run.info.run_id, "sysid.loss")) == len(methods)
-    assert "sysid.truth_error.friction" in run.data.metrics  # the twin: scored against its hidden truth
-    low, high = run.data.metrics["sysid.profile_low.friction"], run.data.metrics["sysid.profile_high.friction"]
+    assert len(client.get_metric_history(stage_run("sysid"), "sysid/loss")) == len(methods)
+    assert "sysid/truth_error.friction" in run.data.metrics  # the twin: scored against its hidden truth
+    low, high = run.data.metrics["sysid/profile_low.friction"], run.data.metrics["sysid/profile_high.friction"]
     assert low <= identified["ground"]["friction"] <= high
-    assert "sysid.profile_low.motor_speed" not in run.data.metrics  # the search's range, dropped once shot
-    assert "sysid.holdout.after.key_frame_error_mm" in run.data.metrics
-    assert "sysid.holdout.after.key_frame_error_median_mm" in run.data.metrics  # the typical held-out gait
+    assert "sysid/profile_low.motor_speed" not in run.data.metrics  # the search's range, dropped once shot
+    assert "sysid/holdout.after.key_frame_error_mm" in run.data.metrics
+    assert "sysid/holdout.after.key_frame_error_median_mm" in run.data.metrics  # the typical held-out gait
     latency_ms = round(1000 * identified["pid"]["latency_s"])  # the grid's best at its best motor speed
-    assert run.data.metrics[f"sysid.latency_loss.{latency_ms}ms"] == min(
-        run.data.metrics[f"sysid.latency_loss.{round(1000 * s)}ms"] for s in configs.pipeline.sysid.latency_grid_s
+    assert run.data.metrics[f"sysid/latency_loss.{latency_ms}ms"] == min(
+        run.data.metrics[f"sysid/latency_loss.{round(1000 * s)}ms"] for s in configs.pipeline.sysid.latency_grid_s
     )
-    assert f"sysid.latency_motor_speed.{latency_ms}ms" in run.data.metrics
-    truth_mm = run.data.metrics["sysid.holdout.truth.key_frame_error_mm"]  # the twin's own values, replayed
-    before_mm = run.data.metrics["sysid.holdout.before.key_frame_error_mm"]
-    assert run.data.metrics["sysid.holdout.truth.key_frame_error_reduction_pct"] == pytest.approx(
+    assert f"sysid/latency_motor_speed.{latency_ms}ms" in run.data.metrics
+    truth_mm = run.data.metrics["sysid/holdout.truth.key_frame_error_mm"]  # the twin's own values, replayed
+    before_mm = run.data.metrics["sysid/holdout.before.key_frame_error_mm"]
+    assert run.data.metrics["sysid/holdout.truth.key_frame_error_reduction_pct"] == pytest.approx(
         100 * (1 - truth_mm / before_mm)
     )
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "sysid")} >= {
-        "sysid/parameters.png",
-        "sysid/identified.yaml",
-        "sysid/history.parquet",
+    assert {a.path for a in client.list_artifacts(stage_run("sysid"))} >= {
+        "parameters.png",
+        "identified.yaml",
+        "history.parquet",
     }
+    (model,) = client.search_logged_models([experiment.experiment_id])  # the identified robot, loadable
+    assert model.source_run_id == stage_run("sysid") and model.tags["r2s2r.robot_config_hash"]
+    assert model.params["identified.motor_speed"] == f"{identified['motor']['speed']:.6g}"
+    from mlflow.artifacts import download_artifacts
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # as a user points MLflow at the runs
+    model_dir = Path(download_artifacts(f"models:/{model.model_id}"))
+    assert (model_dir / "identified.xml").read_bytes() == (sysid_dir / "identified.xml").read_bytes()
+    headline = {k: v for k, v in run.data.metrics.items() if k.startswith("headline/")}
+    assert headline["headline/heldout_after_mm"] == run.data.metrics["sysid/holdout.after.key_frame_error_mm"]
+    assert headline["headline/identified.friction"] == identified["ground"]["friction"]
 
     gaits_dir = Path(first["stages"]["gaits"]["ref"]["path"])
     policies = json.loads((gaits_dir / "policies.json").read_text())
     assert set(policies) == {"straight", "turning"} and all(p["simulated"]["reached"] for p in policies.values())
     for name, policy in policies.items():  # each judged over the parameter ensemble and 3 perturbed starts
         assert policy["expansion"]["perturbed_starts"] == 3 and 0 <= policy["expansion"]["reached_share"] <= 1
-        assert run.data.metrics[f"gaits.policy.{name}.expansion_reached_share"] == policy["expansion"]["reached_share"]
+        assert run.data.metrics[f"gaits/policy.{name}.expansion_reached_share"] == policy["expansion"]["reached_share"]
     gaits_json = json.loads((gaits_dir / "gaits.json").read_text())
     found, found_search = gaits_json["found"], gaits_json["search"]
     assert found["ccw"]["rotation_deg"] >= found["cw"]["rotation_deg"]  # depth 2 here: whatever turns most
@@ -281,26 +310,26 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     table = pq.read_table(gaits_dir / "gaits.parquet").to_pandas()  # ensemble means of found and published gaits
     assert set(table["source"]) == {"found", "published"}
     assert table[["ensemble_forward_m", "ensemble_rotation_deg"]].notna().all().all()
-    assert "gaits.forward.forward_m" in run.data.metrics and "gaits.search_simulated" in run.data.metrics
-    assert run.data.metrics["gaits.search_collapsed"] == sum(found_search["collapsed_per_level"])
+    assert "gaits/forward.forward_m" in run.data.metrics and "gaits/search_simulated" in run.data.metrics
+    assert run.data.metrics["gaits/search_collapsed"] == sum(found_search["collapsed_per_level"])
     redeploy_dir = Path(first["stages"]["redeploy"]["ref"]["path"])
     runs = sorted(p.name for p in redeploy_dir.iterdir() if (p / "tracked.parquet").is_file())
     assert runs == ["turning-start0", "turning-start1", "turning-start2"]
     repeatability = json.loads((redeploy_dir / "repeatability.json").read_text())["turning"]
     assert repeatability["runs"] == 3 and repeatability["rotation_deg_std"] >= 0
-    assert "redeploy.repeatability.turning.rotation_deg_mean" in run.data.metrics
+    assert "redeploy/repeatability.turning.rotation_deg_mean" in run.data.metrics
     evaluate_dir = Path(first["stages"]["evaluate"]["ref"]["path"])
     gap = pq.read_table(evaluate_dir / "gap.parquet").to_pandas()
     assert len(gap) == 3 * 2 and set(gap["engine"]) == {"before", "after"}
     assert (gap["com_error_m"] >= 0).all() and gap["heading_error_deg"].between(0, 180).all()
     for key in ("gap.before.com_error_m", "gap.after.com_error_m", "gap.after.turning.heading_error_deg"):
-        assert f"evaluate.{key}" in run.data.metrics, key
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "evaluate")} >= {
-        "evaluate/gap.parquet",
-        "evaluate/summary.md",
-        "evaluate/turning-start0.png",
+        assert f"evaluate/{key}" in run.data.metrics, key
+    assert {a.path for a in client.list_artifacts(stage_run("evaluate"))} >= {
+        "gap.parquet",
+        "summary.md",
+        "turning-start0.png",
     }
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "sysid")} >= {"sysid/identified.xml"}
+    assert {a.path for a in client.list_artifacts(stage_run("sysid"))} >= {"identified.xml"}
     summary_md = (evaluate_dir / "summary.md").read_text()
     assert f"| {identified['ground']['friction']:.4g} | {low:.4g} to {high:.4g} |" in summary_md  # profile range
     # Prefect and MLflow link up: the flow run id as a tag there, the MLflow run id in the summary artifact here
@@ -317,7 +346,7 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert flow_run.name and artifacts[0].flow_run_id is not None
 
     # status: everything of iteration 1 cached; a new learning rate makes sysid and what follows stale
-    assert stage_status(configs, 1) == dict.fromkeys(STAGES, "cached")
+    assert stage_status(configs, 1) == dict.fromkeys(stage_names(), "cached")
     changed = load_all(config, {"sysid.lr": 0.05})
     assert stage_status(changed, 1) == {
         **dict.fromkeys(("collect", "track", "attach"), "cached"),
@@ -334,8 +363,8 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert table.exit_code == 0, table.output
     lines = table.output.splitlines()
     assert any("iteration 1" in line and "iteration 2" in line for line in lines)
-    row = next(line for line in lines if "evaluate.gap.after.com_error_m" in line)
-    expected = run.data.metrics["evaluate.gap.after.com_error_m"]
+    row = next(line for line in lines if "headline/gap_after_m" in line)
+    expected = run.data.metrics["evaluate/gap.after.com_error_m"]
     assert row.split("│")[2].strip() == f"{expected:.4g}"  # iteration 1's column
 
     # r2s2r rerun gaits with more straight cycles: collect, track, attach and sysid are reused (no

@@ -11,9 +11,9 @@ from pipeline.hardware.base import GroundTruthPacket
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.physics import Engine, ParameterBoundsError, Params, RobotModel
 from pipeline.physics.rollout import run_policy, settle, state_from_caps
-from pipeline.physics.truth import twin_true_model, twin_true_params
 from pipeline.policies import gait_policy, random_policy
 from pipeline.robot_model import reference_prism, resting_on_face
+from pipeline.truth import twin_true_model, twin_true_params
 
 ONES = torch.ones(6, dtype=torch.float64)
 

@@ -15,6 +15,8 @@ from pipeline.errors import PolicyError
 from pipeline.gaits.ensemble import ensemble_outcome, ensemble_params, perturbed_starts, scenarios
 from pipeline.gaits.expansion import expand_in_engine
 from pipeline.gaits.outcome import COLLAPSE_HEIGHT_FRACTION, simulate_targets, summarise
+from pipeline.gaits.pick import Candidate, judged_expansions, pick_expansion
+from pipeline.gaits.published import PUBLISHED_CYCLES as PUBLISHED
 from pipeline.gaits.published import published_gait
 from pipeline.gaits.search import (
     OBJECTIVES,
@@ -26,9 +28,8 @@ from pipeline.gaits.search import (
     search_shapes,
 )
 from pipeline.physics import Engine, Params, RobotModel
-from pipeline.physics.rollout import Trace
+from pipeline.physics.rollout import Trace, rest_start
 from pipeline.policies import REST_TARGET
-from tasks.gaits import PUBLISHED, Candidate, judged_expansions, pick_expansion, rest_start
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,10 @@ from pipeline.control import REST_LENGTH_LIMITS_M
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.physics.mjcf_export import actuated_speed_m_s, identified_mjcf, restitution_damping_ratio
 from pipeline.physics.params import robot_overlay
-from pipeline.physics.truth import twin_true_params
 from pipeline.robot_model import N_ACTUATED, build_cables
-from tasks.sysid import MJCF_FILE, write_identified_mjcf
+from pipeline.truth import twin_true_params
+from storage.catalog import MJCF_FILE
+from tasks.sysid import write_identified_mjcf
 
 REPO = Path(__file__).resolve().parents[1]
 DT_S = 0.002

@@ -14,21 +14,28 @@ from pipeline.config import load_all
 from pipeline.errors import HardwareError
 from pipeline.gaits.published import published_gait
 from pipeline.hardware.twin import MujocoTwin
-from pipeline.physics.truth import twin_true_params
 from pipeline.policies import REST_TARGET, Policy
+from pipeline.truth import twin_true_params
+from storage.catalog import (
+    GAP_FILE,
+    POLICIES_FILE,
+    REPEATABILITY_FILE,
+    RUNS_FILE,
+    SUMMARY_FILE,
+)
 from storage.files import atomic_write_json
 from storage.layout import RunLayout, read_manifest, write_manifest
+from storage.redeploy_runs import recorded_runs
 from storage.trajectory import read_trajectory
-from tasks.evaluate import GAP_FILE, SUMMARY_FILE, gap_summary, run_evaluate, summary_markdown
-from tasks.gaits import POLICIES_FILE
-from tasks.redeploy import REPEATABILITY_FILE, RUNS_FILE, recorded_runs, run_redeploy, set_aside_other_runs
+from tasks.evaluate import gap_summary, run_evaluate, summary_markdown
+from tasks.redeploy import run_redeploy, set_aside_other_runs
 from tests.conftest import empty_overlays, small_twin, write_test_pipeline
 
 
 def _inputs(configs, iteration: int):
     """Attach, sysid and gaits stage outputs by hand: no overlays (the robot config as it is) and
     the published ccw turn as the turning policy."""
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    layout = RunLayout.of(configs)
     refs = empty_overlays(configs, iteration)
     folder = layout.stage_dir(iteration, "gaits")
     folder.mkdir(parents=True)
@@ -98,7 +105,7 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
 
 def test_summary_shows_the_gap_and_the_identified_values_against_the_twins_truth(tmp_path: Path) -> None:
     configs = load_all(write_test_pipeline(tmp_path, campaign="summary"))
-    layout = RunLayout(configs.pipeline.runs_dir, configs.pipeline.campaign)
+    layout = RunLayout.of(configs)
     refs = {}
     for stage, summary in (
         (

@@ -212,7 +212,7 @@ def test_deployment_runs_the_campaign_on_a_worker_and_logs_to_the_mlflow_server(
     # the MLflow server holds the iteration run and the campaign run, artifacts served by it
     from mlflow.tracking import MlflowClient
 
-    from storage.tracking import CAMPAIGN_RUN_TAG, ITERATION_TAG
+    from storage.tracking import CAMPAIGN_RUN_TAG, ITERATION_TAG, STAGE_TAG, stage_runs
 
     client = MlflowClient(tracking_uri=servers.mlflow_uri)
     experiment = client.get_experiment_by_name("servermode")
@@ -224,11 +224,14 @@ def test_deployment_runs_the_campaign_on_a_worker_and_logs_to_the_mlflow_server(
     subflow = _api(f"{servers.prefect_api}/flow_runs/{iteration.data.tags['prefect.flow_run_id']}")
     assert subflow["state"]["type"] == "COMPLETED"  # the iteration subflow of the deployment's run
     assert _api(f"{servers.prefect_api}/task_runs/{subflow['parent_task_run_id']}")["flow_run_id"] == flow_run_id
-    assert iteration.data.metrics["collect.n_frames"] > 0 and "attach.phase_rad_0" in iteration.data.metrics
-    assert {a.path for a in client.list_artifacts(iteration.info.run_id, "collect")} >= {"collect/top_view.png"}
+    assert iteration.data.metrics["collect/n_frames"] > 0 and "attach/phase_rad_0" in iteration.data.metrics
+    (collect_run,) = stage_runs(client, iteration.info.run_id, "collect")
+    assert {a.path for a in client.list_artifacts(collect_run.info.run_id)} >= {"top_view.png"}
     assert any(p.name == "top_view.png" for p in servers.mlflow_artifacts.rglob("*"))
     campaign = next(r for r in found if r.data.tags.get(CAMPAIGN_RUN_TAG) == "1")
-    assert campaign.info.status == "FINISHED" and len(found) == 2
+    assert campaign.info.status == "FINISHED"
+    assert sorted(r.data.tags[STAGE_TAG] for r in found if STAGE_TAG in r.data.tags) == ["attach", "collect", "track"]
+    assert len(found) == 2 + 3  # the campaign run, the iteration run and its three stages' runs
 
 
 def test_deploy_rejects_unknown_stages(tmp_path: Path) -> None:

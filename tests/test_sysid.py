@@ -17,7 +17,6 @@ from pipeline.physics import BOUNDS, Engine, Params, RobotModel
 from pipeline.physics.params import robot_overlay, robot_values
 from pipeline.physics.rollout import settle, state_from_caps
 from pipeline.physics.statics import equilibrium_rest_lengths
-from pipeline.physics.truth import twin_true_params
 from pipeline.policies import random_policy
 from pipeline.robot_model import length_to_target, reference_prism, resting_on_face
 from pipeline.sysid import losses
@@ -25,14 +24,14 @@ from pipeline.sysid.data import EXTEND, HOLD, RETRACT, Recording, split_gaits
 from pipeline.sysid.evolution import PROFILE_MOVES, refine, robust_defects
 from pipeline.sysid.identify import identify, identify_staged, planned_steps, robust_sum, unit_gradients
 from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
-from pipeline.sysid.latency import best_latency
+from pipeline.sysid.latency import best_latency, latency_robot, with_latency
 from pipeline.sysid.losses import KeyFrameLoss, LossValue, Population, make_loss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.start_fit import COORDINATES, LeadIn, StartResiduals, difference, perturbed
 from pipeline.sysid.synthetic import engine_recording, exact_states
 from pipeline.sysid.validate import replay, split_holdout
 from pipeline.sysid.windows import WindowStarts, run_windows
-from tasks.sysid import latency_robot, with_latency
+from pipeline.truth import twin_true_params
 
 DT = 0.005  # engine data and identification share the step, so the model is exact
 
@@ -401,7 +400,9 @@ def test_truth_holdout_replays_the_twins_own_values_on_the_held_out_gaits(
     """Evaluation on the twin: the held-out gaits are replayed with the twin's values in the engine,
     its true attachment points and its control latency; the figures are named ``holdout.truth.*``
     and the reduction is against the start values' error passed in."""
-    import tasks.sysid as stage
+    import pipeline.sysid.heldout as heldout
+    from pipeline.sysid.heldout import SysidData
+    from pipeline.truth import truth_holdout
 
     config = SysidConfig(dt_s=DT, chunk_s=2.0, start_fit_iterations=0)
     configs = default_configs.model_copy(
@@ -409,15 +410,15 @@ def test_truth_holdout_replays_the_twins_own_values_on_the_held_out_gaits(
     )
     gaits = split_gaits(slow_motor_data, default_configs.robot, 8.0)[:7]
     fit, held = split_holdout(gaits, 0.3)
-    data = stage.SysidData(default_configs.robot, {slow_motor_data.name: slow_motor_data}, gaits, fit, held)
+    data = SysidData(default_configs.robot, {slow_motor_data.name: slow_motor_data}, gaits, fit, held)
     calls = []
 
     def spied(engine, params, robot, recording, own, *args):
         calls.append((params, robot, own))
         return replay(engine, params, robot, recording, own, *args)
 
-    monkeypatch.setattr(stage, "replay", spied)
-    figures = stage.truth_holdout(configs, data, before_mm=50.0)
+    monkeypatch.setattr(heldout, "replay", spied)
+    figures = truth_holdout(configs, data, before_mm=50.0)
     [(params, robot, own)] = calls
     twin = default_configs.twin
     assert own == held
@@ -436,7 +437,7 @@ def test_split_recordings_holds_out_each_recordings_last_gaits_and_names_empty_d
     """The stage's split: every gait of the recording in order, its last ``holdout_fraction`` held
     out; with no gait at all, a DataError that names the data's source."""
     from pipeline.errors import DataError
-    from tasks.sysid import split_recordings
+    from pipeline.sysid.heldout import split_recordings
 
     robot = default_configs.robot
     data = split_recordings(default_configs, robot, {slow_motor_data.name: slow_motor_data}, "runs/x/collect")
@@ -539,9 +540,11 @@ def test_sysid_on_the_twin_closes_most_of_the_gap_that_the_twins_own_values_clos
     stage that identified nothing would close none of it."""
     from flows.iteration import r2s2r_iteration
     from pipeline.config import load_all
+    from pipeline.sysid.heldout import smoothed_held_out_error
+    from pipeline.truth import truth_engine
+    from storage.catalog import identified_robot
     from storage.layout import Ref
-    from tasks.gaits import identified_robot
-    from tasks.sysid import smoothed_held_out_error, sysid_data, truth_engine
+    from tasks.sysid import sysid_data
     from tests.conftest import write_test_pipeline
 
     config = write_test_pipeline(tmp_path, campaign="twingap", n_targets=40)

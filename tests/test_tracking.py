@@ -18,11 +18,10 @@ from pipeline.perception.geometry import fit_ground, transform
 from pipeline.perception.segmentation import find_blobs
 from pipeline.perception.tracker import CapTracker
 from pipeline.robot_model import build_cables
-from storage.frames import Frame, iter_frames
+from storage.frames import Frame, camera_from_meta, iter_frames
 from storage.recording import FRAMES_FILE, GROUNDTRUTH_FILE, HARDWARE_FILE
 from storage.trajectory import CABLE_COLS, caps_array, read_trajectory
 from tasks.collect import run_collect
-from tasks.track import camera_from_meta
 
 TRACK_TOLERANCE_MM = 5.0  # the target for the mean end-cap error at 640 x 480
 AXIS_TOLERANCE_DEG = 2.0

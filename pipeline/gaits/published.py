@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.gaits.symmetry import shift_left, shift_right
+from pipeline.robot_model import REST_TARGET
 
 ROLLING_UNIT = np.array([[1, 1, 0.1, 1, 1, 0.1], [0, 1, 1, 0, 1, 0.1]])
 CCW_TURN = np.array([[1, 1, 1, 0, 1, 1], [1, 0, 1, 0, 1, 1], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]], float)
@@ -37,3 +38,12 @@ def published_gait(name: str) -> np.ndarray:
 
 
 PUBLISHED_GAITS = ("rolling", "cw", "ccw")
+
+
+PUBLISHED_CYCLES = {
+    "rolling": np.vstack([published_gait("rolling")[:2], REST_TARGET]),
+    "ccw": published_gait("ccw"),
+    "cw": published_gait("cw")[:4],
+}
+"""One cycle of each published gait from face 0, ending at rest: the rolling unit (one roll),
+the ccw turn, the first unit of the cw turn; the gaits stage scores them beside the gaits it finds."""

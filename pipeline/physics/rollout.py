@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.config import PIDConfig
+from pipeline.config import PIDConfig, RobotConfig
 from pipeline.control import pid_update
 from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
 from pipeline.physics.rotations import matrix_to_quat
 from pipeline.physics.statics import equilibrium_rest_lengths
-from pipeline.robot_model import N_ACTUATED, rod_frames
+from pipeline.robot_model import N_ACTUATED, reference_prism, resting_on_face, rod_frames
 
 
 @dataclass(frozen=True)
@@ -246,3 +246,10 @@ def settle(
         omega=torch.zeros_like(final.omega),
         motor_omega=torch.zeros_like(final.motor_omega),
     ).detach()
+
+
+def rest_start(engine: Engine, params: Params, robot: RobotConfig) -> State:
+    """The robot at rest on face 0 (support triangle 0, 2, 5), settled in ``engine`` for 1 s
+    with every cable at its rest target."""
+    caps = resting_on_face(robot, reference_prism(robot))
+    return settle(engine, params, state_from_caps(engine, params, caps), robot.pid, torch.ones(6), duration_s=1.0)

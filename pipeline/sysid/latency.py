@@ -21,10 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.config import SysidConfig
+from pipeline.config import RobotConfig, SysidConfig
+from pipeline.physics.engine import Engine
+from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
+from pipeline.sysid.data import Gait, Recording
 from pipeline.sysid.evolution import search_scores
-from pipeline.sysid.losses import TrajectoryLoss
+from pipeline.sysid.losses import TrajectoryLoss, make_loss
 
 
 @dataclass(frozen=True)
@@ -62,3 +65,33 @@ def best_latency(
         scores[float(latency)], motor_speeds[float(latency)] = float(each[best]), speeds[best]
     chosen = min(scores, key=scores.__getitem__)
     return LatencyChoice(chosen, scores, motor_speeds)
+
+
+def with_latency(robot: RobotConfig, latency_s: float) -> RobotConfig:
+    """``robot`` with its control latency set to ``latency_s`` (s)."""
+    return robot.model_copy(update={"pid": robot.pid.model_copy(update={"latency_s": latency_s})})
+
+
+def latency_robot(
+    robot: RobotConfig,
+    recordings: dict[str, Recording],
+    fit: list[Gait],
+    config: SysidConfig,
+    timeout_s: float,
+    compiled: bool = False,
+) -> tuple[RobotConfig, LatencyChoice | None]:
+    """``robot`` with the control latency of ``config.latency_grid_s`` that scores lowest on the
+    ``fit`` gaits at its best motor speed (:func:`best_latency`), and the choice (``robot`` as it
+    is, and None, without a grid). ``timeout_s``: the segment timeout (s) of recordings that do
+    not say; ``compiled``: the engines' ``compiled`` setting."""
+    if not config.latency_grid_s:
+        return robot, None
+    start = Params.from_robot(robot)
+
+    def build(latency_s: float) -> TrajectoryLoss:
+        candidate = with_latency(robot, latency_s)
+        engine = Engine(RobotModel.from_robot(candidate), dt=config.dt_s, compiled=compiled)
+        return make_loss(engine, candidate, recordings, fit, start, config, timeout_s)
+
+    choice = best_latency(build, start, config.latency_grid_s, config.latency_speed_factors, config)
+    return with_latency(robot, choice.latency_s), choice

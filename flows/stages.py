@@ -1,0 +1,241 @@
+"""The stage table: every stage of an iteration, once.
+
+Each :class:`Stage` names its Prefect task, the stages whose refs it reads (``inputs``, each
+passed to the task as ``<input>_ref``), its code version and the config sections in its cache
+key. The iteration flow (:mod:`flows.iteration`) runs the table in order, ``r2s2r status``
+(:mod:`flows.status`) and ``r2s2r rerun`` read it, and every stage's Prefect cache key is
+derived from its entry (:meth:`Stage.cache_key`). Adding a stage is one entry here and one
+task module in ``tasks/``.
+
+A stage's task is called as ``task(configs, iteration, mlflow_run_id, <input>_ref=...,
+**extra)``: ``extra`` holds the arguments of :attr:`Stage.arguments` (data from other
+iterations) and of :attr:`Stage.fan_out` (parallel task runs the flow submits first: the gait
+search's shards, the redeploy runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from prefect import Task
+from prefect.context import TaskRunContext
+
+from flows.caching import ROBOT_SECTION, is_cached, stage_cache_key
+from pipeline.config import LoadedConfigs
+from storage.layout import Ref, RunLayout, existing_ref
+from tasks import collect, gaits, redeploy
+from tasks.attach import attach
+from tasks.evaluate import evaluate
+from tasks.sysid import sysid
+from tasks.track import track
+
+Refs = Mapping[str, dict[str, str]]
+"""Stage refs (JSON) by stage name."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a stage's hooks see when the flow runs it: the configs, the iteration, the refs of
+    its inputs, and whether the stage is to be recomputed even if cached (``fresh``)."""
+
+    configs: LoadedConfigs
+    iteration: int
+    refs: Refs
+    fresh: bool
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout.of(self.configs)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of an iteration (see the module docstring)."""
+
+    name: str
+    task: Task
+    inputs: tuple[str, ...]
+    version: str
+    sections: tuple[str, ...]
+    """Config sections in the cache key: pipeline config section names, and ``robot`` for the
+    robot config."""
+    hardware: bool = False
+    """Whether the stage drives the hardware: it never runs again unless asked (``--recollect``)."""
+    arguments: Callable[[Call], dict[str, object]] | None = None
+    """Extra task arguments that are part of the key (data from other iterations)."""
+    key_inputs: Callable[[dict], Refs] | None = None
+    """Refs other than ``<input>_ref`` in the key, from the task's parameters."""
+    fan_out: Callable[[Call, bool], dict[str, object]] | None = None
+    """Submits the stage's parallel task runs before it (told whether the stage is cached) and
+    returns extra task arguments that are not part of the key."""
+    source_iteration: Callable[[LoadedConfigs, int], int] = field(default=lambda configs, iteration: iteration)
+    """The iteration whose output this iteration uses (another: the stage is not run, its output reused)."""
+    needs_robot: Callable[[LoadedConfigs, int], bool] = field(default=lambda configs, iteration: True)
+    """For a hardware stage: whether running it now would drive the robot."""
+
+    def cache_key(self, context: TaskRunContext | None, parameters: dict) -> str:
+        """The Prefect cache key of the stage for its task's ``parameters``: the iteration's
+        identity, the hashes of its input refs (and :attr:`key_inputs`), its :attr:`sections`
+        and its version (:func:`flows.caching.stage_cache_key`)."""
+        inputs = {name: parameters[f"{name}_ref"] for name in self.inputs}
+        if self.key_inputs is not None:
+            inputs.update(self.key_inputs(parameters))
+        return stage_cache_key(
+            self.name, self.version, parameters["configs"], parameters["iteration"], inputs, self.sections
+        )
+
+    def prefect_task(self, fresh: bool = False) -> Task:
+        """The stage's task with its cache key and JSON result persistence (``fresh``: recomputed
+        even if cached)."""
+        return self.task.with_options(
+            cache_key_fn=self.cache_key, persist_result=True, result_serializer="json", refresh_cache=fresh
+        )
+
+    def parameters(self, call: Call, mlflow_run_id: str = "") -> dict[str, object]:
+        """The task's parameters (without the fan-out's), as the cache key sees them."""
+        parameters: dict[str, object] = {"configs": call.configs, "iteration": call.iteration}
+        if mlflow_run_id:
+            parameters["mlflow_run_id"] = mlflow_run_id
+        parameters.update({f"{name}_ref": call.refs[name] for name in self.inputs})
+        if self.arguments is not None:
+            parameters.update(self.arguments(call))
+        return parameters
+
+    def is_cached(self, call: Call) -> bool:
+        """Whether a result is stored under the key the call gives, and it is the output on disk."""
+        return is_cached(self.cache_key(None, self.parameters(call)))
+
+
+def attach_iteration(configs: LoadedConfigs, iteration: int) -> int:
+    """The iteration whose attachment overlay ``iteration`` uses: its own (iteration 1, or
+    ``attach.every_iteration``) or iteration 1's."""
+    return iteration if iteration == 1 or configs.pipeline.attach.every_iteration else 1
+
+
+def earlier_data_refs(
+    configs: LoadedConfigs, layout: RunLayout, iteration: int
+) -> dict[int, tuple[dict[str, str], dict[str, str]]]:
+    """The collect and track refs (JSON) of the earlier iterations whose trajectories the sysid of
+    ``iteration`` also uses (all so far, or the last ``sysid.data_window`` with this one)."""
+    window = configs.pipeline.sysid.data_window or iteration
+    return {
+        k: (existing_ref(layout, k, "collect").to_json(), existing_ref(layout, k, "track").to_json())
+        for k in range(max(1, iteration - window + 1), iteration)
+    }
+
+
+def _collect_key_inputs(parameters: dict) -> Refs:
+    """Iteration k > 1 collects iteration k - 1's redeploy runs: that stage's manifest hash."""
+    configs, iteration = parameters["configs"], parameters["iteration"]
+    if iteration == 1:
+        return {}
+    sha = collect.previous_redeploy_sha(RunLayout.of(configs), iteration)
+    return {"redeploy_previous": {"sha256": sha or "none"}}
+
+
+def _sysid_key_inputs(parameters: dict) -> Refs:
+    inputs: dict[str, dict[str, str]] = {}
+    for k, (collect_ref, track_ref) in sorted((parameters.get("earlier_refs") or {}).items()):
+        inputs.update({f"collect_{k}": collect_ref, f"track_{k}": track_ref})
+    return inputs
+
+
+def _gait_shards(call: Call, cached: bool) -> dict[str, object]:
+    """Submit the gait search's shards (unless the stage is cached); their results."""
+    if cached and not call.fresh:
+        return {"shard_results": None}
+    count = call.configs.pipeline.gaits.search.shards
+    inputs = (call.refs["attach"], call.refs["sysid"])
+    futures = [gaits.search_shard.submit(call.configs, *inputs, k) for k in range(count)]
+    return {"shard_results": [future.result() for future in futures]}
+
+
+def _redeploy_runs(call: Call, cached: bool) -> dict[str, object]:
+    """Set aside runs of other gaits, then submit every (policy, start) run (each skipped where
+    its folder holds it), at once or one after another (``redeploy.concurrent_runs``)."""
+    config = call.configs.pipeline.redeploy
+    redeploy.set_aside_other_runs(call.configs, call.iteration, Ref.from_json(call.refs["gaits"]), fresh=call.fresh)
+    futures = []
+    for index in range(len(config.policies) * len(config.starts)):
+        futures.append(
+            redeploy.redeploy_run.submit(call.configs, call.iteration, call.refs["attach"], call.refs["gaits"], index)
+        )
+        if not config.concurrent_runs:
+            futures[-1].result()
+    for future in futures:
+        future.result()
+    return {}
+
+
+TABLE: tuple[Stage, ...] = (
+    Stage(
+        "collect",
+        collect.collect,
+        inputs=(),
+        version="2",
+        sections=(),
+        hardware=True,
+        arguments=lambda call: {"fresh": call.fresh},
+        key_inputs=_collect_key_inputs,
+        needs_robot=collect.needs_hardware,
+    ),
+    Stage("track", track, inputs=("collect",), version="1", sections=("track", ROBOT_SECTION)),
+    Stage(
+        "attach",
+        attach,
+        inputs=("track", "collect"),
+        version="1",
+        sections=("attach", ROBOT_SECTION),
+        source_iteration=attach_iteration,
+    ),
+    Stage(
+        "sysid",
+        sysid,
+        inputs=("collect", "track", "attach"),
+        version="6",
+        sections=("sysid", ROBOT_SECTION),
+        arguments=lambda call: {"earlier_refs": earlier_data_refs(call.configs, call.layout, call.iteration)},
+        key_inputs=_sysid_key_inputs,
+    ),
+    Stage(
+        "gaits",
+        gaits.gaits,
+        inputs=("attach", "sysid"),
+        version="6",
+        sections=("gaits", ROBOT_SECTION),
+        fan_out=_gait_shards,
+    ),
+    Stage(
+        "redeploy",
+        redeploy.redeploy,
+        inputs=("attach", "gaits"),
+        version="3",
+        sections=("redeploy", ROBOT_SECTION),
+        hardware=True,
+        fan_out=_redeploy_runs,
+    ),
+    Stage(
+        "evaluate",
+        evaluate,
+        inputs=("attach", "sysid", "gaits", "redeploy"),
+        version="2",
+        sections=("redeploy", "gaits", ROBOT_SECTION),
+    ),
+)
+"""The stages of an iteration, in the order they run."""
+
+
+def table() -> tuple[Stage, ...]:
+    """The stage table now in force (:data:`TABLE`; a test may replace it)."""
+    return TABLE
+
+
+def stage_names() -> tuple[str, ...]:
+    """The stages' names, in order."""
+    return tuple(stage.name for stage in table())
+
+
+def hardware_stages() -> tuple[str, ...]:
+    """The stages that drive the hardware: never rerun unless asked (``r2s2r rerun --recollect``)."""
+    return tuple(stage.name for stage in table() if stage.hardware)

@@ -1,0 +1,97 @@
+"""The stage table (flows.stages): the flow, ``status``, ``rerun`` and every cache key derive from
+it, so one entry adds a stage."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from prefect import task
+from typer.testing import CliRunner
+
+from flows import stages as stage_table
+from flows.caching import ROBOT_SECTION, stage_cache_key
+from flows.stages import Call, Stage
+from pipeline.config import LoadedConfigs, load_all
+from storage.layout import Ref, RunLayout, write_manifest
+
+from .conftest import write_test_pipeline
+
+CALLS: list[int] = []
+
+
+@task(name="dummy")
+def dummy(configs: LoadedConfigs, iteration: int, mlflow_run_id: str, collect_ref: dict[str, str]) -> dict[str, str]:
+    """A stage that writes one file naming the collect output it read."""
+    CALLS.append(iteration)
+    stage_dir = RunLayout.of(configs).stage_dir(iteration, "dummy")
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    (stage_dir / "read.json").write_text(json.dumps(collect_ref))
+    return write_manifest(stage_dir, "dummy", complete=True, summary={}).to_json()
+
+
+DUMMY = Stage("dummy", dummy, inputs=("collect",), version="1", sections=("track", ROBOT_SECTION))
+
+
+def test_the_table_names_every_stage_once_in_flow_order() -> None:
+    names = stage_table.stage_names()
+    assert names == ("collect", "track", "attach", "sysid", "gaits", "redeploy", "evaluate")
+    assert stage_table.hardware_stages() == ("collect", "redeploy")
+    for stage in stage_table.TABLE:  # every input runs before the stage that reads it
+        assert all(names.index(name) < names.index(stage.name) for name in stage.inputs), stage.name
+
+
+def test_a_stage_key_is_its_identity_inputs_sections_and_version(default_configs: LoadedConfigs) -> None:
+    """The key changes with the input's hash, the config sections named and the version, and with
+    nothing else (another section's change leaves it)."""
+    call = Call(default_configs, 1, {"collect": {"path": "x", "sha256": "a"}}, fresh=False)
+    key = DUMMY.cache_key(None, DUMMY.parameters(call))
+    assert key.startswith("dummy-v1-")
+    assert key == stage_cache_key("dummy", "1", default_configs, 1, {"collect": {"sha256": "a"}}, DUMMY.sections)
+    other_input = dataclasses.replace(call, refs={"collect": {"path": "x", "sha256": "b"}})
+    assert DUMMY.cache_key(None, DUMMY.parameters(other_input)) != key
+    for section, field, value in (("track", "gate_m", 0.2), ("sysid", "lr", 0.5)):
+        changed = default_configs.pipeline.model_copy(
+            update={section: getattr(default_configs.pipeline, section).model_copy(update={field: value})}
+        )
+        changed_call = dataclasses.replace(call, configs=default_configs.model_copy(update={"pipeline": changed}))
+        same = DUMMY.cache_key(None, DUMMY.parameters(changed_call)) == key
+        assert same is (section not in DUMMY.sections), section
+    assert dataclasses.replace(DUMMY, version="2").cache_key(None, DUMMY.parameters(call)).startswith("dummy-v2-")
+
+
+def test_a_stage_added_to_the_table_runs_in_the_flow_and_shows_in_status(
+    prefect_server, tmp_path: Path, monkeypatch
+) -> None:
+    """A dummy stage after collect, added to a copy of the table: the flow runs it (then takes it
+    from the cache, or recomputes it when refreshed, as ``r2s2r rerun`` asks), ``status`` and
+    ``r2s2r status`` show it, and a change of a section in its key makes it stale while one
+    outside its key does not."""
+    from flows.cli import app
+    from flows.iteration import r2s2r_iteration
+    from flows.status import stage_status
+
+    monkeypatch.setattr(stage_table, "TABLE", (*stage_table.TABLE, DUMMY))
+    config = str(write_test_pipeline(tmp_path, campaign="dummy", n_targets=1, record_frames=False))
+    configs = load_all(config)
+    CALLS.clear()
+
+    first = r2s2r_iteration(config, iteration=1, stages=["collect", "dummy"])
+    second = r2s2r_iteration(config, iteration=1, stages=["dummy"])
+    assert CALLS == [1]
+    collect_ref = first["stages"]["collect"]["ref"]
+    assert first["stages"]["dummy"]["cached"] is False and second["stages"]["dummy"]["cached"] is True
+    dummy_dir = Path(first["stages"]["dummy"]["ref"]["path"])
+    assert json.loads((dummy_dir / "read.json").read_text()) == collect_ref
+    assert Ref.from_json(second["stages"]["dummy"]["ref"]) == Ref.from_json(first["stages"]["dummy"]["ref"])
+
+    assert stage_status(configs, 1)["dummy"] == "cached"
+    assert stage_status(load_all(config, {"track.gate_m": 0.2}), 1)["dummy"] == "stale"
+    assert stage_status(load_all(config, {"sysid.lr": 0.5}), 1)["dummy"] == "cached"
+    shown = CliRunner().invoke(app, ["status", "--config", config], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0, shown.output
+    assert "dummy" in shown.output
+
+    refreshed = r2s2r_iteration(config, iteration=1, stages=["dummy"], refresh=["dummy"])  # as r2s2r rerun asks
+    assert CALLS == [1, 1] and refreshed["stages"]["dummy"]["cached"] is False
