@@ -11,8 +11,8 @@ for a fixed number of steps:
 With ``--compile`` the engine's compiled step (``Engine(compiled=True)``: without gradients,
 two or more environments, one graph for every batch size) is also run forward; ``compile_s`` is
 its first step's time, which compiles at the first batch size only. The engine does not compile
-steps with gradients: ``torch.compile`` of the whole step, forward+backward, ran at 492 env-steps/s
-at batch 1024 against the eager 29 089 (an earlier version of this benchmark, 2 threads).
+steps with gradients: ``torch.compile`` of the whole step, forward+backward, runs far slower than
+the eager step (docs/physics.md).
 
 The anchor, measured in the same run: MuJoCo stepping the twin's model of the same robot single-threaded
 (``mj_step``), in steps per second. Prints one JSON object (last line).

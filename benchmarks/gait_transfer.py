@@ -6,7 +6,7 @@ For each control latency (the twin's hidden one, and 0 in both models), each pol
 the twin from its rest pose (ground truth, not tracked) and once in the engine with
 :func:`~pipeline.truth.twin_true_params` and the twin's true attachment points, started
 from the twin's rest end caps and settled, all policies as one engine batch. Policies: the
-published gaits (seed 002), one cycle each, and any ``policy.json`` given with ``--policy`` (a
+published gaits (Tribar paper), one cycle each, and any ``policy.json`` given with ``--policy`` (a
 redeploy run's folder holds one).
 
 Prints one JSON object (last line): per latency and policy the twin's and the engine's forward

@@ -8,7 +8,7 @@ Prints one JSON object (last line of stdout):
   Python cable forces, PID or sensors): the upper bound the twin's Python layer costs
   us against;
 * ``render_ms_per_frame``: wall time of one RGB + depth render;
-* ``rolling_*``: the published rolling gait (seed 002) from rest: forward/backward rolls
+* ``rolling_*``: the published rolling gait (Tribar paper) from rest: forward/backward rolls
   (face changes that last 0.5 s), centroid distance per roll (m) and per full 6-target cycle, and segment timeouts.
 
 Usage: ``python -m benchmarks.twin [--quick]``.

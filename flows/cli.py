@@ -251,16 +251,22 @@ def import_tribar(
 def ui(
     config: ConfigOption = DEFAULT_CONFIG, port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 5000
 ) -> None:
-    """Serve the MLflow UI for the campaign's runs on http://127.0.0.1:PORT (with MLFLOW_TRACKING_URI
-    set to a tracking server: say where that server's UI is)."""
+    """Serve the MLflow UI for the campaign's runs on http://127.0.0.1:PORT and print the page of the
+    campaign's view: its iterations with their headline columns, charts headline first (with
+    MLFLOW_TRACKING_URI set to a tracking server: say where that server's UI is)."""
     configs = _load(config, {})
-    from storage.tracking import is_server_uri, tracking_uri
+    from storage.tracking import campaign_view_url, client_for, is_server_uri, tracking_uri
 
-    uri = tracking_uri(RunLayout.of(configs))
+    layout = RunLayout.of(configs)
+    uri = tracking_uri(layout)
+    experiment = client_for(layout).get_experiment_by_name(configs.pipeline.campaign)
     if is_server_uri(uri):  # MLFLOW_TRACKING_URI: a tracking server serves its own UI
-        console.print(f"the runs are on the MLflow server {uri}: its UI is there")
+        where = campaign_view_url(uri.rstrip("/"), experiment.experiment_id) if experiment else uri
+        console.print(f"the runs are on the MLflow server {uri}: its UI is there, the campaign at {where}")
         return
-    console.print(f"MLflow UI on http://127.0.0.1:{port} (Ctrl-C to stop)")
+    base = f"http://127.0.0.1:{port}"
+    page = campaign_view_url(base, experiment.experiment_id) if experiment else base
+    console.print(f"MLflow UI on {base}; campaign {configs.pipeline.campaign}: {page} (Ctrl-C to stop)", soft_wrap=True)
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     subprocess.run(
         [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)],

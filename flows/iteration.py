@@ -39,6 +39,7 @@ from storage.tracking import (
     log_metrics,
     log_params_once,
     set_tags,
+    write_campaign_view,
 )
 
 
@@ -60,10 +61,13 @@ def _log_iteration_params(configs: LoadedConfigs, client, run_id: str, pipeline_
 
 def _log_headline(client, layout: RunLayout, run_id: str, iteration: int) -> dict[str, float]:
     """Copy the iteration's headline figures (:func:`storage.tracking.headline_metrics`) to
-    ``headline/*`` on its run and, at step = iteration, on the campaign run; returns them."""
-    headline = headline_metrics(client.get_run(run_id).data.metrics)
-    for run in (run_id, campaign_run(client, layout)):
-        log_metrics(client, run, headline, step=iteration)
+    ``headline/*`` on its run and, at step = iteration, on the campaign run, and store the
+    campaign view with a column for each (:func:`storage.tracking.write_campaign_view`); returns them."""
+    run = client.get_run(run_id)
+    headline = headline_metrics(run.data.metrics)
+    for target in (run_id, campaign_run(client, layout)):
+        log_metrics(client, target, headline, step=iteration)
+    write_campaign_view(client, run.info.experiment_id, list(headline), list(stage_table.stage_names()))
     return headline
 
 

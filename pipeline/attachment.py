@@ -1,4 +1,4 @@
-"""Cable attachment points inferred from the robot's rest state (seed 000, Fig. 5).
+"""Cable attachment points inferred from the robot's rest state (R2S2R paper, Fig. 5).
 
 Every rod carries three attachment points on each end cap, on the cap sphere's
 great circle perpendicular to the rod, 2*pi/3 apart; the rings at the two ends

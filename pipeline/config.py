@@ -55,7 +55,7 @@ class MotorConfig(StrictModel):
     offset_m: Positive = Field(description="Distance of each motor centre from the rod centre.")
     omega_max_rad_s: Positive = Field(description="Maximum motor angular speed.")
     speed: Annotated[float, Field(gt=0, le=2)] = Field(
-        description="Speed scale s in omega = s * omega_max * u (seed 001 App. C); the firmware's setting, "
+        description="Speed scale s in omega = s * omega_max * u (hybrid-GNN paper App. C); the firmware's setting, "
         "or the identified effective value."
     )
     winch_radius_m: Positive
@@ -298,14 +298,14 @@ EngineParameter = Literal[
 
 
 class PriorConfig(StrictModel):
-    """A measured value of a parameter and how far to trust it (seed 003's prior-regularised fit)."""
+    """A measured value of a parameter and how far to trust it (the sim-to-real notes' prior-regularised fit)."""
 
     value: float = Field(description="Prior mean, in the parameter's SI unit.")
     scale: Positive = Field(description="Prior standard deviation, same unit.")
 
 
 class SysidConfig(StrictModel):
-    """System identification (``sysid`` stage): Key Frame Loss and the alternatives of seed 000."""
+    """System identification (``sysid`` stage): Key Frame Loss and the alternatives of the R2S2R paper."""
 
     parameters: tuple[EngineParameter, ...] = Field(
         default=("motor_speed", "friction", "restitution"), min_length=1, description="Parameters to identify."
@@ -436,7 +436,7 @@ class GaitSearchConfig(StrictModel):
     """The graph search for gaits (``gaits`` stage; :mod:`pipeline.gaits.search`)."""
 
     depth: Annotated[int, Field(ge=2, le=5)] = Field(
-        default=4, description="Edges of a gait, rest shape to rest shape (seed 000: 4)."
+        default=4, description="Edges of a gait, rest shape to rest shape (R2S2R paper: 4)."
     )
     dt_s: Positive = Field(default=0.005, description="Engine time step of the search (s).")
     transition_timeout_s: Positive = Field(
@@ -500,7 +500,7 @@ class GaitsConfig(StrictModel):
         description="... a policy must reach every target from at least this share of them; where none does, the "
         "one with the highest share.",
     )
-    smoothing: bool = Field(default=True, description="Remove redundant reset steps between cycles (seed 000).")
+    smoothing: bool = Field(default=True, description="Remove redundant reset steps between cycles (R2S2R paper).")
     smoothing_tolerance_m: Positive = Field(
         default=0.05, description="A smoothed policy must end within this of the unsmoothed one's displacement (m)."
     )
@@ -528,7 +528,7 @@ class RedeployConfig(StrictModel):
             StartPoseConfig(x_m=0.0, y_m=-1.0, yaw_deg=-120.0),
         ),
         min_length=1,
-        description="Start poses, each run for every policy (seed 000 Table I: repeatability across starts).",
+        description="Start poses, each run for every policy (as the R2S2R paper's repeatability table).",
     )
     segment_timeout_s: Positive = Field(
         default=3.0,

@@ -1,4 +1,4 @@
-"""Cable-length PID controller and motor/winch model (seed 001 App. C, seed 002).
+"""Cable-length PID controller and motor/winch model (hybrid-GNN paper App. C, Tribar paper).
 
 The PID works on normalised cable lengths (0 = ``min_length_m``, 1 = ``min_length_m
 + range_m``) like the Tribar firmware. Its output ``u`` in [-1, 1] is the motor

@@ -2,7 +2,7 @@
 
 A policy is a list of targets, each six normalised actuated-cable lengths in
 [0, 1] (0 = fully contracted, 1 = fully extended). Every policy starts from the
-rest state; generated policies also end at rest (all ones), seed 000.
+rest state; generated policies also end at rest (all ones), as in the R2S2R paper.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pipeline.gaits.published import PUBLISHED_GAITS, published_gait
 from pipeline.robot_model import N_ACTUATED, REST_TARGET, target_to_length
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ def check_policy(robot: RobotConfig, policy: Policy) -> Policy:
 
     Targets must be finite and in [0, 1]. Each side's three actuated cables must
     satisfy the triangle inequality with ``feasibility.min_triangle_slack_m`` to
-    spare (seed 002: ``[0, 0, 1]`` on one side cannot be reached; the published fix
+    spare (Tribar paper: ``[0, 0, 1]`` on one side cannot be reached; the published fix
     lowers the 1 to 0.8). In ``repair`` mode a too-long cable is shortened to the
     longest feasible length and the repair is logged; in ``reject`` mode, or if no
     repair exists, :class:`PolicyError` names the target and cable.

@@ -1,6 +1,6 @@
 """Geometry of the 3-bar robot shared by the twin, the engine and perception.
 
-Conventions (DESIGN §4): end caps 0..5, rod ``i`` joins caps ``topology.rods[i]``;
+Conventions (docs/design.md, *Conventions*): end caps 0..5, rod ``i`` joins caps ``topology.rods[i]``;
 each rod's body frame has its z axis from its first cap to its second cap and its
 origin at the rod centre. Positions are in metres.
 """
@@ -285,7 +285,7 @@ def cable_lengths_from_poses(cables: list[Cable], rod_pos_m: np.ndarray, rod_qua
 
 
 def principal_axis(caps_m: np.ndarray) -> np.ndarray:
-    """Unit vector (..., 3) from the centroid of caps 1, 3, 5 to that of caps 0, 2, 4 (seed 002)."""
+    """Unit vector (..., 3) from the centroid of caps 1, 3, 5 to that of caps 0, 2, 4 (Tribar paper)."""
     caps = np.asarray(caps_m)
     axis = caps[..., [0, 2, 4], :].mean(axis=-2) - caps[..., [1, 3, 5], :].mean(axis=-2)
     return axis / np.linalg.norm(axis, axis=-1, keepdims=True)

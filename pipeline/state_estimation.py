@@ -1,4 +1,4 @@
-"""On-board state estimation from the nine cable sensors and the rod IMUs (seed 002).
+"""On-board state estimation from the nine cable sensors and the rod IMUs (Tribar paper).
 
 The robot's state is its shape plus its orientation in the world. Seed 002 estimates
 it in two steps, and so does this module:
@@ -17,7 +17,7 @@ it in two steps, and so does this module:
    (an IMU quaternion is its rod body's orientation, whose z axis runs from the
    rod's first cap to its second).
 
-:class:`StateEstimator` adds a step beyond seed 002 (``refine=True``, the default):
+:class:`StateEstimator` adds a step beyond the Tribar paper (``refine=True``, the default):
 one least-squares fit of shape and orientation together to the cable lengths *and*
 the IMU orientations, started from the previous frame (or from the two steps above
 at the first frame and after a restart). Cables alone fix the shape poorly: a
@@ -29,7 +29,7 @@ The IMUs observe both: the angles between rods, and (``imu_roll=True``) each rod
 roll, since the IMU quaternion is the rod body frame in which the attachment phases
 are given.
 
-Translation is not observable from these sensors (seed 002 does not estimate it).
+Translation is not observable from these sensors (the Tribar paper does not estimate it).
 World positions therefore follow a convention (:func:`place_on_ground`): the caps'
 centroid is at x = y = 0 and the lowest end cap touches the ground (its centre at
 z = ``end_cap.radius_m``). Compare them with ground truth only through
@@ -361,7 +361,7 @@ class StateEstimate:
 class StateEstimator:
     """Shape and orientation from cable lengths and IMUs, frame by frame.
 
-    ``refine=False`` runs seed 002's two steps on every frame (:class:`ShapeEstimator`
+    ``refine=False`` runs the Tribar paper's two steps on every frame (:class:`ShapeEstimator`
     warm-started from the previous frame, then :func:`estimate_orientation`).
     ``refine=True`` fits shape and orientation jointly to cables and IMUs, started
     from the previous frame's result; the two steps give the start at the first frame

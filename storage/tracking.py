@@ -17,6 +17,7 @@ active run per thread and Prefect runs tasks on worker threads.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -68,6 +69,10 @@ the held-out key-frame error before, after and (on the twin) with the twin's own
 the chosen policies' motion in the engine and on the robot; besides these, every identified
 value and, on the twin, its error against the truth (:data:`HEADLINE_PREFIXES`)."""
 HEADLINE_PREFIXES = {"sysid/value.": "identified.", "sysid/truth_error_pct.": "identified_error_pct."}
+VIEW_KEY = "r2s2r"
+"""The campaign view's share key: the MLflow UI opens it with ``?viewStateShareKey=r2s2r``."""
+VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
+"""The experiment tag holding the campaign view (the MLflow UI's shared view state, JSON)."""
 RESULT_PACKAGES = ("torch", "mujoco", "numpy", "scipy", "cma", "opencv-python-headless", "open3d")
 """The installed packages whose numerics the identified values and gaits depend on."""
 
@@ -148,7 +153,7 @@ def stage_runs(client: MlflowClient, iteration_run_id: str, stage: str) -> list:
 
 def headline_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     """The headline figures (:data:`HEADLINE`, :data:`HEADLINE_PREFIXES`) among an iteration run's
-    stage ``metrics``, named ``headline/<name>``."""
+    stage ``metrics``, named ``headline/<name>``, in that order."""
     out = {HEADLINE_PREFIX + name: metrics[key] for key, name in HEADLINE.items() if key in metrics}
     for prefix, name in HEADLINE_PREFIXES.items():
         found = {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix)}
@@ -198,6 +203,32 @@ def environment_tags() -> dict[str, str]:
 def set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, str]) -> None:
     """Set ``tags`` on the run in one batch write."""
     client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
+
+
+def write_campaign_view(client: MlflowClient, experiment: str, headline: list[str], stages: list[str]) -> None:
+    """Store the campaign's view of its runs in the experiment (:data:`VIEW_TAG`): the iteration
+    runs, one row each in order, with a column per ``headline`` metric, and the chart view's
+    sections ``headline`` first, then one per stage in ``stages`` order."""
+    sections = [HEADLINE_PREFIX.rstrip("/"), *stages]
+    view = {
+        "searchFilter": f"tags.`{ITERATION_TAG}` LIKE '%'",
+        "orderByKey": "tags.`mlflow.runName`",
+        "orderByAsc": True,
+        "selectedColumns": [f"metrics.`{name}`" for name in headline],
+        "compareRunCharts": [],
+        "compareRunSections": [
+            {"uuid": f"r2s2r-{name}", "name": name, "display": True, "isReordered": False, "deleted": False}
+            for name in sections
+        ],
+        "isAccordionReordered": True,
+    }
+    client.set_experiment_tag(experiment, VIEW_TAG, json.dumps(view))
+
+
+def campaign_view_url(base_url: str, experiment: str) -> str:
+    """The MLflow UI's page of the campaign view (:func:`write_campaign_view`) under ``base_url``,
+    in the UI's model-training mode."""
+    return f"{base_url}/#/experiments/{experiment}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
 
 
 def finish_run(client: MlflowClient, run_id: str, ok: bool) -> None:

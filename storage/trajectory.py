@@ -1,4 +1,4 @@
-"""The trajectory Parquet contract (DESIGN §5).
+"""The trajectory Parquet contract (docs/design.md, *Data contracts*).
 
 One file per trajectory, one row per sample, wide columns:
 

@@ -28,7 +28,7 @@ Sources: the tracker of the "6N-DoF Pose Tracking for Tensegrity Robot" paper
 ``data/N.json``
     ``header.secs``: time stamp (s, float, ROS time) and ``header.seq`` (message
     number); ``sensors["0".."8"].length``: cable sensor lengths in
-    ``1 / cable_length_scale`` m (mm), sensor ``k`` on cable ``k`` of DESIGN §4
+    ``1 / cable_length_scale`` m (mm), sensor ``k`` on cable ``k`` of docs/design.md, *Conventions*
     (same end-cap pairs as the tracker's ``sensor_to_tendon``);
     ``motors["0".."5"].target``: normalised motor targets in [0, 1] (the robot's
     gait states); ``motors["0".."5"].speed`` and ``info.max_speed``: the signed

@@ -54,11 +54,8 @@ def test_two_iteration_campaign_learns_from_its_redeploy_runs(campaign) -> None:
 @pytest.mark.slow
 def test_iteration_two_narrows_the_gap_further(campaign) -> None:
     """Iteration 2's identified engine beats the uncalibrated one on its redeploy runs and is no
-    worse than iteration 1's (5 mm slack for tracking noise). Measured: final CoM error 0.0184 m
-    uncalibrated, 0.0099 m after iteration 1 and 0.0133 m after iteration 2. This failed while the
-    engine's ground friction acted at the sphere centres (rods could not roll): the engine with the
-    twin's own values rolled the straight gait 0.115 m where the twin rolls 0.315 m, and the
-    uncalibrated engine won by compensating errors (0.0360 against 0.0574 m)."""
+    worse than iteration 1's (5 mm slack for tracking noise). An engine whose rods cannot roll
+    fails it: the uncalibrated engine then wins by compensating errors."""
     first, second = (item["headline"] for item in campaign[0]["iterations"])
     assert second["headline/gap_after_m"] < second["headline/gap_before_m"]
     assert second["headline/gap_after_m"] <= first["headline/gap_after_m"] + 0.005

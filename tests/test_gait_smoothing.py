@@ -1,4 +1,4 @@
-"""Transition smoothing (seed 000, Fig. 22): pure shortcuts and their engine validation."""
+"""Transition smoothing (R2S2R paper, Fig. 22): pure shortcuts and their engine validation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Face maps, reversal and symmetry expansion of gaits (seed 002 SM S6, seed 000)."""
+"""Face maps, reversal and symmetry expansion of gaits (Tribar paper SM S6, R2S2R paper)."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def test_search_shapes_are_the_repaired_binary_shapes(default_configs) -> None:
     assert len(shapes) == 64 and np.array_equal(shapes[0], np.ones(6))
     assert len(np.unique(shapes.round(9), axis=0)) == 64
     assert set(np.unique(shapes.round(6))) == {0.0, 0.9, 1.0}  # 1 -> 0.9 where a side cannot close
-    # [0, 0, 1] on a side is the infeasible pattern (seed 002): its 1 is shortened
+    # [0, 0, 1] on a side is the infeasible pattern (Tribar paper): its 1 is shortened
     repaired = shapes[(shapes[:, :3] > 0.5).sum(1) == 1][:, :3]
     assert repaired.max() == pytest.approx(0.9)
 
@@ -298,9 +298,9 @@ def test_candidates_are_judged_over_the_ensemble_and_the_perturbed_starts(defaul
 
 
 def test_the_pick_passes_over_a_policy_that_works_from_its_one_start_alone() -> None:
-    """The figures of a main job's iteration-2 forward candidates (session 39): the one that rolled
-    furthest from the search's start reached every target from none of 8 perturbed starts (mean
-    0.30 m over the ensemble and the starts); one that reached from all 8 (0.25 m) is picked, as
+    """Forward candidates like those a search leaves: the one that rolled furthest from the
+    search's start reached every target from none of 8 perturbed starts (mean 0.30 m over the
+    ensemble and the starts); one that reached from all 8 (0.25 m) is picked, as
     long as the share is met. Where no candidate meets it, the highest share wins; a candidate
     that does not reach from the search's start is never picked."""
     policy = np.ones((1, 6))

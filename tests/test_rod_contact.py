@@ -76,9 +76,9 @@ def test_a_rod_thrown_at_another_bounces_off_its_bar_and_momentum_is_kept(weight
 
 
 def test_a_gait_that_folded_the_prism_through_itself_is_stopped_by_the_bars(default_configs) -> None:
-    """The first two targets of a turning gait the main job's search found with the engine before
-    rods collided: from rest, the three bars passed through each other (0.1 to 0.3 mm apart at the
-    closest) and the twin, whose rods collide, jammed flat. Now they stay their radii apart."""
+    """The first two targets of a turning gait that a search finds in an engine whose rods do not
+    collide: from rest, the three bars pass through each other there (0.1 to 0.3 mm apart at the
+    closest) and the twin, whose rods collide, jams flat. With rod contact they stay their radii apart."""
     robot = default_configs.robot
     engine = Engine(RobotModel.from_robot(robot), dt=0.005)
     params = Params.from_robot(robot, motor_speed=0.876, friction=0.537, restitution=0.017)
@@ -106,10 +106,10 @@ def sphere_gaps(caps: np.ndarray, robot) -> np.ndarray:
 
 
 def test_end_caps_and_motors_of_two_rods_do_not_pass_through_each_other(default_configs) -> None:
-    """The first cycle of a straight gait a main job's search found once the rods could roll on the
-    ground, with that iteration's identified values: from rest, the end caps and motors of two rods
-    went 23 mm into each other, and on the twin, where they collide, every later target timed out.
-    Each rod's ends now collide as capsules of the end-cap radius."""
+    """The first cycle of a straight gait that a search finds in an engine whose rods collide as bars
+    only, with identified values: from rest, the end caps and motors of two rods go 23 mm into each
+    other there, and on the twin, where they collide, every later target times out. Each rod's ends
+    collide as capsules of the end-cap radius."""
     robot = default_configs.robot
     engine = Engine(RobotModel.from_robot(robot), dt=0.005)
     params = Params.from_robot(robot, motor_speed=0.875, friction=0.537, restitution=0.046)

@@ -1,4 +1,4 @@
-"""On-board state estimation (seed 002) against the twin's ground truth."""
+"""On-board state estimation (Tribar paper) against the twin's ground truth."""
 
 from __future__ import annotations
 

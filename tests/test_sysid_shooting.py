@@ -90,7 +90,7 @@ def test_a_window_whose_engine_run_diverges_is_dropped_and_the_rest_still_solve(
     assert all(s.kept_fraction == pytest.approx((problem.windows - 1) / problem.windows) for s in history)
     assert all(np.isfinite(s.loss) for s in history) and np.isfinite(fit.data_cost)
     assert abs(fit.identification.values["friction"] - TRUE_FRICTION) < 0.5 * abs(0.6 - TRUE_FRICTION)
-    # a step to a NaN cost (what overflowed the main job's iteration 2) is never taken
+    # a step to a NaN cost (an overflowing rollout) is never taken
     z = torch.zeros(problem.windows, COORDINATES, dtype=torch.float64)
     nan_step = torch.full_like(z, float("nan"))
     assert problem._along(z, np.zeros(1), nan_step, np.zeros(1), 1.0, fit.data_cost) is None

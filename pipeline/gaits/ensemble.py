@@ -8,10 +8,9 @@ and the one chosen rolled 0.75 m in the engine and 0.26 m on the twin. Scoring e
 mean over an ensemble of nearby parameters prefers those whose motion holds up.
 
 The start is the other thing the engine gets a little wrong: the robot never starts exactly
-where the search settled it, only within the tracking error. A main job's iteration-2 straight
-policy rolled 0.59 m in the engine from the settled rest pose, 0.24 m from the same pose settled
-again, and a median 0.14 m (no run reaching every target) from 16 starts with 2 mm of noise on
-each end cap; on the twin it made 0.10 m. :func:`perturbed_starts` makes such starts, and
+where the search settled it, only within the tracking error, and a long policy that rolls far
+from one start can roll a fraction of that, or reach no target, from starts 2 mm away (docs/gaits.md
+gives a measured case). :func:`perturbed_starts` makes such starts, and
 :func:`scenarios` joins them to a parameter ensemble for :func:`ensemble_outcome`.
 """
 

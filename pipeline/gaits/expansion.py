@@ -1,4 +1,4 @@
-"""Long open-loop policies from short gaits by symmetry (seed 000, seed 002).
+"""Long open-loop policies from short gaits by symmetry (R2S2R paper, Tribar paper).
 
 A :class:`Gait` is written for face 0 (caps 0, 2, 3, 5 on the ground, support
 triangle 0, 2, 5) and ends at the rest shape. Each cycle of an expanded policy is
@@ -50,7 +50,7 @@ class Gait:
 
 
 def published_rolling() -> Gait:
-    """The published rolling unit (seed 002) followed by the rest shape: one roll forward."""
+    """The published rolling unit (Tribar paper) followed by the rest shape: one roll forward."""
     return Gait("rolling", np.vstack([ROLLING_UNIT, REST_TARGET]), face_steps=1)
 
 
@@ -121,7 +121,7 @@ def expand_in_engine(
     policy (cycles * n, 6): before each cycle the engine, continuing from ``state`` (one
     environment), says which support triangle the robot is on, and the cycle is the gait
     relabelled by the symmetry that maps the start onto it. So a gait that lands on the other
-    kind of support triangle (seed 000: rolling forward there is the backward gait) or on another
+    kind of support triangle (R2S2R paper: rolling forward there is the backward gait) or on another
     face keeps its sense.
 
     ``gait`` may also be (K, n, 6): K gaits of the same length expanded as one batch of K

@@ -4,7 +4,7 @@
 inside, as on the robot) and summarises each one as an :class:`Outcome`; the gait
 search, the smoothing check and the simulated side of the sim-to-real gap read it.
 
-Directions (DESIGN §4): heading = principal axis rotated +90 deg about z; "forward"
+Directions (docs/design.md, *Conventions*): heading = principal axis rotated +90 deg about z; "forward"
 is the centre-of-mass displacement along the *start* heading, "rotation" the change of
 heading, counter-clockwise (seen from above) positive.
 
@@ -12,10 +12,9 @@ A run can also fold the prism flat: the rods slide over one another until every 
 the ground, and the flat robot then crawls where its cables pull it. This is the robot's doing,
 not the engine's: from the rest pose, the shape (0, 0.9, 0, 0, 0.9, 0) (four actuated cables
 retracted) lays the prism flat in the engine and on the twin alike (highest end cap 0.064 and
-0.061 rod lengths above the ground). In a main job's iteration 1 a turning policy folded it in 4
-of its 13 judging runs (a parameter set and three perturbed starts) and spun 660-920 deg over
-three cycles, where it turned 45-48 deg in the others and on the twin; those runs carried its
-mean score. Such a run is a failure, whatever it moved: :attr:`Outcome.collapsed` flags it,
+0.061 rod lengths above the ground; ``tests/test_gaits.py`` and ``tests/test_twin.py``). A flat
+robot can spin or slide far in the engine, and such runs would carry a policy's mean score.
+Such a run is a failure, whatever it moved: :attr:`Outcome.collapsed` flags it,
 :attr:`Outcome.succeeded` leaves it out and :meth:`Outcome.credited` counts it as no motion.
 """
 
@@ -35,11 +34,10 @@ from pipeline.robot_model import heading_rad, principal_axis
 
 COLLAPSE_HEIGHT_FRACTION = 0.1
 """A run folded the prism flat if at some tick its highest end-cap centre was lower than this
-fraction of a rod length above the ground. Over the gait searches of a main job's two iterations
-(19 474 and 19 469 runs) that lowest height fell in two groups: 0.061-0.08 rod lengths (6-7 % of
-the runs, the prism flat: every end cap on the ground, rods lying across one another, 43-45 % of
-them reaching their targets all the same) and from 0.08 up (4 and 8 runs below 0.12, 94 % above
-0.3: standing, or tipping over an edge)."""
+fraction of a rod length above the ground. Over a gait search's runs that lowest height falls in
+two groups: about 0.06-0.08 rod lengths (the prism flat: every end cap on the ground, rods lying
+across one another, many of them reaching their targets all the same) and the rest, nearly all
+above 0.3 (standing, or tipping over an edge); 0.1 lies between them."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The published Tribar gaits (seed 002), written for bottom caps (0, 2, 5).
+"""The published Tribar gaits (Tribar paper), written for bottom caps (0, 2, 5).
 
 Values are normalised actuated-cable targets. The rolling and clockwise gaits roll
 onto a new face every cycle, so their full versions chain the unit over the three

@@ -1,4 +1,4 @@
-"""Depth-limited graph search for gaits in the engine (seed 000, "symmetry reduction").
+"""Depth-limited graph search for gaits in the engine (R2S2R paper, "symmetry reduction").
 
 Nodes are target shapes with binary cable lengths (0 retracted, 1 extended); an edge
 changes any set of cables (retract, extend or hold each). A gait is a path from the
@@ -11,15 +11,14 @@ continuing from its parent's end state (:func:`~pipeline.gaits.outcome.simulate_
 Where it prunes, and why:
 
 * **infeasible shapes**: a binary shape whose side triangle cannot close (one cable
-  extended against two retracted; seed 002) is repaired as the policy checker repairs
+  extended against two retracted; the Tribar paper) is repaired as the policy checker repairs
   it (the long cable shortened to the longest feasible length, e.g. 1 -> 0.8), not
   dropped; shapes that the repair makes identical are one node;
 * **unreachable edges**: a child whose cables did not reach its target before
   ``transition_timeout_s`` is dropped (the robot could not make that shape from there), and so
   is one whose move folded the prism flat (:attr:`~pipeline.gaits.outcome.Outcome.collapsed`;
-  the flat robot's crawl is no gait). Without this rule 6 % of the runs of a main job's
-  iteration-1 search ended flat, 43 % of those reaching their shape all the same, and the search
-  went on from them; with it, 1.6 % of that search's moves are dropped for folding the prism;
+  the flat robot's crawl is no gait; many flat runs reach their shape all the same, and the
+  search would go on from them; ``gaits.json`` counts the moves dropped per level);
 * **beam** (from level ``exact_levels + 1`` on, if ``beam_width`` is set): a level's
   nodes are ranked per objective by the gait they make when closed with the rest shape
   now, and the best ``beam_width`` per objective are expanded; the rest are pruned.

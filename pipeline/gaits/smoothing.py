@@ -1,4 +1,4 @@
-"""Transition smoothing of expanded policies (seed 000, Fig. 22).
+"""Transition smoothing of expanded policies (R2S2R paper, Fig. 22).
 
 An expanded policy returns to the rest shape (all ones) between gait cycles. At a
 transition ``A -> rest -> B0 -> B1 -> ...`` the reset is redundant actuation: the

@@ -1,10 +1,10 @@
-"""Symmetry maps of target shapes between the robot's faces (seed 002, SM S6).
+"""Symmetry maps of target shapes between the robot's faces (Tribar paper, SM S6).
 
 A target is six normalised actuated-cable lengths ``[a0..a5]``: cables 0-2 on the
 odd side, 3-5 on the even side. Rolling onto the next face left-shifts each side,
 the clockwise turning gait rolls the other way and right-shifts. Reversing a gait
 (rolling backward instead of forward) relabels the cables by the prism's 2-fold
-symmetry found from geometry (seed 000), which swaps the odd and even sides.
+symmetry found from geometry (R2S2R paper), which swaps the odd and even sides.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def shift_right(targets: np.ndarray) -> np.ndarray:
 
 
 FACES = ((0, 2, 3, 5), (1, 2, 4, 5), (0, 1, 3, 4))
-"""The robot's three rolling faces (seed 002): the four end caps nearest the ground.
+"""The robot's three rolling faces (Tribar paper): the four end caps nearest the ground.
 Rolling forward with the published gait visits them in this order; face k's gait
 is the face-0 gait left-shifted k times."""
 
@@ -94,7 +94,7 @@ def support_triangle(robot: RobotConfig, face: int) -> tuple[int, int, int]:
 
 @functools.lru_cache(maxsize=16)
 def reversal_caps(robot: RobotConfig, face: int) -> tuple[int, ...]:
-    """End-cap relabelling (6,) of the reversal on ``face``: cap ``i`` -> ``out[i]`` (seed 000).
+    """End-cap relabelling (6,) of the reversal on ``face``: cap ``i`` -> ``out[i]`` (R2S2R paper).
 
     The reference prism resting on :func:`support_triangle` is rotated by pi about the
     vertical through its centroid; each rotated cap ``i`` is matched to the closest

@@ -1,4 +1,4 @@
-"""The MuJoCo twin: the default hardware backend (DESIGN §2).
+"""The MuJoCo twin: the default hardware backend (docs/design.md, *Hardware*).
 
 It runs the robot of :mod:`pipeline.hardware.twin_model` with the hidden parameters
 of a :class:`~pipeline.config.TwinConfig`: per-motor speeds, cable stiffness and

@@ -1,7 +1,7 @@
 """Depth back-projection, the ground plane (RANSAC, Open3D) and end-cap centres.
 
 Camera frame: OpenCV (x right, y down, z forward), metres. World frame: z up,
-ground at z = 0 (DESIGN §4).
+ground at z = 0 (docs/design.md, *Conventions*).
 """
 
 from __future__ import annotations

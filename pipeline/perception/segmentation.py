@@ -1,6 +1,6 @@
 """End-cap segmentation in RGB images (OpenCV).
 
-Rod 0's end caps are red, rod 1's green, rod 2's blue (DESIGN §4). A pixel is a
+Rod 0's end caps are red, rod 1's green, rod 2's blue (docs/design.md, *Conventions*). A pixel is a
 cap pixel when it is saturated and bright with a hue in the colour's band; blobs
 are the 8-connected components of the opened mask, largest first, at most two
 per colour (a rod has two caps of the same colour).

@@ -1,4 +1,4 @@
-"""Differentiable tensegrity physics engine (torch), DESIGN §7.
+"""Differentiable tensegrity physics engine (torch), docs/design.md.
 
 ``RobotModel`` (static geometry), ``Params`` (per-environment parameters with
 bounds), ``State`` and ``Engine.step(params, state, control)``; rollouts with the

@@ -1,4 +1,4 @@
-"""Impulse-based contact responses with the "detach" gradient rules of seed 000.
+"""Impulse-based contact responses with the "detach" gradient rules of the R2S2R paper.
 
 A contact response is a passive velocity change. For an *actuated* body (one
 that forces act on, like a robot rod or a drone) the response is detached from

@@ -1,10 +1,10 @@
-"""Differentiable, batched tensegrity engine (DESIGN §7).
+"""Differentiable, batched tensegrity engine (docs/design.md).
 
 State per environment and rod: position, unit quaternion, linear and angular
 velocity (world frame), plus the six actuated cables' rest lengths and motor
 speeds. :meth:`Engine.step` advances all environments by one time step:
 
-1. motors: omega = s * omega_max * u, trapezoidal rest-length update (seed 001 App. C);
+1. motors: omega = s * omega_max * u, trapezoidal rest-length update (hybrid-GNN paper App. C);
 2. tension-only cables with damping between attachment points on the end-cap
    surfaces; passive tendons linear + cubic; gravity;
 3. semi-implicit Euler for velocities (Euler's equations in the body frame);
@@ -13,7 +13,7 @@ speeds. :meth:`Engine.step` advances all environments by one time step:
    (:mod:`~pipeline.physics.rod_contact`);
 5. ground contact on the end-cap and motor spheres, at each sphere's lowest point
    (so a rod rolls on them without slipping): impulses with restitution and
-   Coulomb friction, detached per seed 000 (every rod is actuated), shared
+   Coulomb friction, detached per the R2S2R paper (every rod is actuated), shared
    between a rod's simultaneous contacts (Jacobi);
 6. positions and orientations, then a detached position correction that puts
    penetrating points where the time of impact says they should be.

@@ -21,7 +21,7 @@ computed in Python). SI units throughout (m, kg, s, N, rad). Mapping of the robo
     ``L0 + act``, limited by ``actrange`` to :data:`~pipeline.control.REST_LENGTH_LIMITS_M`.
   - ``ctrl`` (m/s) is the rest length's rate: ``ctrl = -u * v_max`` for the firmware's motor
     command ``u`` in [-1, 1] (``u > 0`` winds in), with ``ctrlrange = [-v_max, v_max]`` and
-    ``v_max = motor.speed * motor.omega_max_rad_s * motor.winch_radius_m`` (seed 001 App. C).
+    ``v_max = motor.speed * motor.omega_max_rad_s * motor.winch_radius_m`` (hybrid-GNN paper App. C).
     ``ctrl = 0`` holds the cable. The motor's speed lag (``motor.time_constant_s``) is not modelled.
   - force (N, along the tendon) ``k * act + k * L0 - k * length - b * velocity``
     (``gainprm = k``, ``biasprm = [k L0, -k, -b]``), clamped by ``forcerange = [-F, 0]``: a cable

@@ -3,9 +3,9 @@
 Each rod collides as three capsules along its axis (:func:`rod_shapes`): its bar (the rod radius,
 end cap to end cap) and, at each end, one of the end cap's radius that holds the end-cap sphere
 and the motor cylinder. Without contact between them, rods pass through each other and the gait
-search uses it: a turning gait of a main job folded the prism through its bars, and once the rods
-could roll on the ground, a straight gait pushed the end caps and motors of two rods 23 mm into each
-other. On the twin, whose rods collide as the hardware's do, the robot jammed and timed out. A
+search finds gaits that use it (a turn that folds the prism through its bars, a roll that pushes
+two rods' end caps and motors into each other), which jam on the twin, whose rods collide as the
+hardware's do (`tests/test_rod_contact.py` replays two such gaits; docs/physics.md). A
 contact is speculative (as the ground's is): it acts once a pair's gap would close within the step
 at its current approach speed, so a fast rod cannot tunnel through a thin one between two steps.
 """

@@ -4,7 +4,7 @@
 dead band, tolerance and segment logic as :class:`~pipeline.hardware.twin.MujocoTwin`),
 batched: every environment advances through its targets on its own schedule.
 :func:`state_from_caps` and :func:`settle` turn a trajectory's first frame
-(end-cap positions only) into an engine state at rest on the ground (seed 000).
+(end-cap positions only) into an engine state at rest on the ground (R2S2R paper).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The toy problems of seed 000's appendix, built on :mod:`pipeline.physics.contact`.
+"""The toy problems of the R2S2R paper's appendix, built on :mod:`pipeline.physics.contact`.
 
 Each function simulates a small 1-D system and returns the loss as a scalar
 tensor, so a caller can differentiate it with respect to the parameter it cares
@@ -93,7 +93,7 @@ def billiards(
     loss = (B's final position - target)^2.
 
     The ball-ball impulse is computed with full gradients; each ball's response is
-    detached or not by ``detach_a`` / ``detach_b`` (seed 000: detach only the
+    detached or not by ``detach_a`` / ``detach_b`` (R2S2R paper: detach only the
     actuated ball A, otherwise F gets no gradient).
     """
     zero = push_n * 0.0

@@ -1,1 +1,1 @@
-"""System identification of the engine from tracked trajectories (DESIGN §1.4, seed 000 KFL)."""
+"""System identification of the engine from tracked trajectories (the R2S2R paper's Key Frame Loss)."""

@@ -1,4 +1,4 @@
-"""What sysid reads from one recorded trajectory, and its split into gaits (seed 000, Fig. 10).
+"""What sysid reads from one recorded trajectory, and its split into gaits (R2S2R paper, Fig. 10).
 
 A :class:`Recording` joins the hardware stream (time, policy segment, targets,
 motor commands, sensed cable lengths; e.g. 50 Hz) with the tracked end caps

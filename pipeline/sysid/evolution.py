@@ -1,7 +1,7 @@
 """Gradient-free refinement (CMA-ES over a robust Key Frame Loss) after the gradient warm-up.
 
 The engine's contact gradients are straight-through (the friction impulse is
-detached, seed 000) and a key frame's defect jumps when the robot tips over an
+detached, R2S2R paper) and a key frame's defect jumps when the robot tips over an
 edge in one execution and not in the other. Both break gradient descent for
 friction and restitution: their gradients drift, and a mean of squared defects is
 dominated by the few key frames where the engine and the data diverge, so it

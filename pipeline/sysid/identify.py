@@ -1,4 +1,4 @@
-"""Gradient-descent identification through the differentiable engine (seed 000, seed 003).
+"""Gradient-descent identification through the differentiable engine (R2S2R paper, sim-to-real notes).
 
 :func:`identify` runs Adam on the scaled coordinates of a
 :class:`~pipeline.sysid.parameters.ParameterSpace` to minimise a trajectory loss

@@ -1,4 +1,4 @@
-"""Key frames and the mask filter of the Key Frame Loss (seed 000, Sec. IV-G, Fig. 10).
+"""Key frames and the mask filter of the Key Frame Loss (R2S2R paper, Sec. IV-G, Fig. 10).
 
 A trajectory is split into gaits (windows in which every actuated cable only
 retracts, holds or extends). Data and engine gaits are matched by index; each

@@ -1,4 +1,4 @@
-"""Control latency by grid search, with the motor speed profiled out (seed 003's whole-loop view).
+"""Control latency by grid search, with the motor speed profiled out (the sim-to-real notes' whole-loop view).
 
 The engine applies a command a whole number of control ticks after the sensor
 reading it answers (``pid.latency_s``): a discrete choice with no gradient. A latency

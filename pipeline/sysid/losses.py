@@ -1,4 +1,4 @@
-"""Trajectory losses for identification: the Key Frame Loss and seed 000's three alternatives.
+"""Trajectory losses for identification: the Key Frame Loss and the R2S2R paper's three alternatives.
 
 Every loss compares end-cap *displacements* from a window's start (engine from
 its settled start state, data from the tracked caps at the same instant), so an
@@ -6,7 +6,7 @@ offset left by settling the observed start is not counted. Defects are weighted
 by the tracking noise: a loss of 1 means a typical end-cap defect of one
 ``position_sigma_m``.
 
-* :class:`KeyFrameLoss` (ours, seed 000 Sec. IV-G): one window per gait, started
+* :class:`KeyFrameLoss` (ours, R2S2R paper Sec. IV-G): one window per gait, started
   from the observation at the gait's start (so nothing flows between windows),
   matched to the data gait by index; the defect at the key frame
   (:func:`~pipeline.sysid.keyframes.key_frame_offsets`), then the mask filter.

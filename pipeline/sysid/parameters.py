@@ -9,7 +9,7 @@ Each identified parameter ``p`` gets one coordinate ``theta`` of order one:
 so one Adam learning rate suits all of them. After every step the coordinates are
 projected back inside the parameter's physical bounds (:data:`BOUNDS`, shrunk by a
 relative margin), so no parameter outside them is ever produced. An optional prior
-(seed 003) adds ``((p - value) / scale)^2`` per parameter to the loss.
+(sim-to-real notes) adds ``((p - value) / scale)^2`` per parameter to the loss.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Replay of an engine on held-out gaits, scored part by part (seed 003: inspect every part).
+"""Replay of an engine on held-out gaits, scored part by part (sim-to-real notes: inspect every part).
 
 Two replays of the same held-out gaits of a recording:
 

@@ -1,4 +1,4 @@
-"""The vehicle problem of seed 000's appendix (Fig. 23): identifying a velocity with KFL versus multiple shooting.
+"""The vehicle problem of the R2S2R paper's appendix (Fig. 23): a velocity identified with KFL or multiple shooting.
 
 Model. A vehicle on a line follows the waypoint policy ``[B, A, B]`` with ``A = 0 m`` and
 ``B = 100 m``, starting at ``A``. Its state is the position ``x`` (m) and the segment ``s``
