@@ -33,13 +33,13 @@ import torch
 
 from pipeline.config import LoadedConfigs, load_all
 from pipeline.gaits.outcome import simulate_targets
-from pipeline.gaits.published import PUBLISHED_GAITS
 from pipeline.hardware.base import GroundTruthPacket
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.metrics import motion_in_start_frame
 from pipeline.physics import Engine
 from pipeline.physics.rollout import settle, state_from_caps
 from pipeline.policies import Policy, gait_policy
+from pipeline.published_gaits import PUBLISHED_GAITS
 from pipeline.truth import twin_true_model, twin_true_params
 
 SEGMENT_TIMEOUT_S = 3.0

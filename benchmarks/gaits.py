@@ -33,7 +33,6 @@ import torch
 
 from pipeline.config import load_all
 from pipeline.gaits.outcome import simulate_targets
-from pipeline.gaits.published import PUBLISHED_CYCLES as PUBLISHED
 from pipeline.gaits.search import search_gaits
 from pipeline.hardware.base import GroundTruthPacket
 from pipeline.hardware.twin import MujocoTwin
@@ -41,6 +40,7 @@ from pipeline.metrics import motion_in_start_frame
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.rollout import rest_start
 from pipeline.policies import Policy
+from pipeline.published_gaits import PUBLISHED_CYCLES as PUBLISHED
 from storage.catalog import GAP_FILE
 
 

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.errors import ConfigError
+from pipeline.parameter_specs import NAMES
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
@@ -282,19 +283,8 @@ class AttachConfig(StrictModel):
     )
 
 
-EngineParameter = Literal[
-    "motor_speed",
-    "motor_time_constant",
-    "friction",
-    "restitution",
-    "actuated_stiffness",
-    "actuated_damping",
-    "passive_stiffness",
-    "passive_cubic_stiffness",
-    "passive_damping",
-    "passive_rest_length",
-]
-"""Names of the engine's identifiable parameters (``pipeline.physics.params.BOUNDS``)."""
+EngineParameter = Literal[NAMES]
+"""Names of the engine's identifiable parameters (:data:`pipeline.parameter_specs.NAMES`)."""
 
 
 class PriorConfig(StrictModel):

@@ -15,7 +15,7 @@ import numpy as np
 
 from pipeline.config import CollectConfig, RobotConfig
 from pipeline.errors import PolicyError
-from pipeline.gaits.published import PUBLISHED_GAITS, published_gait
+from pipeline.published_gaits import PUBLISHED_GAITS, published_gait
 from pipeline.robot_model import N_ACTUATED, REST_TARGET, target_to_length
 
 log = logging.getLogger(__name__)

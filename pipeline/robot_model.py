@@ -20,6 +20,20 @@ N_RODS = 3
 N_ACTUATED = 6
 REST_TARGET = np.ones(N_ACTUATED)
 """The rest shape: every actuated cable at its longest target (1)."""
+_LEFT = np.array([1, 2, 0, 4, 5, 3])
+_RIGHT = np.array([2, 0, 1, 5, 3, 4])
+
+
+def shift_left(targets: np.ndarray) -> np.ndarray:
+    """The face map of targets: rolling onto the next face shifts each side's three actuated
+    cables left, ``[a0..a5] -> [a1, a2, a0, a4, a5, a3]`` on the last axis of ``targets`` (..., 6)."""
+    return np.asarray(targets)[..., _LEFT]
+
+
+def shift_right(targets: np.ndarray) -> np.ndarray:
+    """``[a0..a5] -> [a2, a0, a1, a5, a3, a4]``, the inverse of :func:`shift_left`."""
+    return np.asarray(targets)[..., _RIGHT]
+
 N_PASSIVE = 3
 N_CABLES = N_ACTUATED + N_PASSIVE
 

@@ -23,13 +23,13 @@ from pipeline.config import GaitsConfig, LoadedConfigs, RobotConfig
 from pipeline.gaits.ensemble import ensemble_mean, ensemble_outcome, ensemble_params
 from pipeline.gaits.outcome import Outcome, simulate_targets
 from pipeline.gaits.pick import Candidate, expanded_policies
-from pipeline.gaits.published import PUBLISHED_CYCLES
 from pipeline.gaits.search import OBJECTIVES, FoundGait, SearchResult, merge_results, search_gaits
 from pipeline.gaits.smoothing import Tolerance, smooth_validated
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.engine import State
 from pipeline.physics.rollout import rest_start
 from pipeline.policies import Policy, check_policy
+from pipeline.published_gaits import PUBLISHED_CYCLES
 from storage.catalog import GAIT_TABLE_FILE, GAITS_FILE, POLICIES_FILE, identified_robot
 from storage.files import atomic_write_json
 from storage.layout import Ref, RunLayout, write_manifest

@@ -9,9 +9,10 @@ import pytest
 
 from pipeline.control import PID, motor_speed_rad_s, rest_length_change_m
 from pipeline.errors import PolicyError
-from pipeline.gaits.published import ROLLING_UNIT, published_gait
-from pipeline.gaits.symmetry import FACES, bottom_face, count_rolls, shift_left, shift_right
+from pipeline.gaits.symmetry import FACES, bottom_face, count_rolls
 from pipeline.policies import Policy, check_policy, gait_policy, random_policy
+from pipeline.published_gaits import ROLLING_UNIT, published_gait
+from pipeline.robot_model import shift_left, shift_right
 
 
 def test_pid_signs_saturation_and_dead_band(default_configs) -> None:

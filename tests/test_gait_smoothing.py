@@ -8,7 +8,6 @@ import torch
 
 from pipeline.gaits.expansion import expand, published_rolling, reversed_gait
 from pipeline.gaits.outcome import Outcome, simulate_targets
-from pipeline.gaits.published import published_gait
 from pipeline.gaits.smoothing import (
     Shortcut,
     Tolerance,
@@ -20,6 +19,7 @@ from pipeline.gaits.smoothing import (
 )
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.rollout import settle, state_from_caps
+from pipeline.published_gaits import published_gait
 from pipeline.robot_model import reference_prism, resting_on_face
 
 REST = np.ones(6)

@@ -17,7 +17,6 @@ from pipeline.gaits.expansion import (
     support_symmetry,
 )
 from pipeline.gaits.outcome import simulate_targets
-from pipeline.gaits.published import CCW_TURN, CW_TURN_UNIT, ROLLING_UNIT, published_gait
 from pipeline.gaits.symmetry import (
     FACES,
     cable_permutation,
@@ -31,6 +30,7 @@ from pipeline.gaits.symmetry import (
 )
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.rollout import settle, state_from_caps
+from pipeline.published_gaits import CCW_TURN, CW_TURN_UNIT, ROLLING_UNIT, published_gait
 from pipeline.robot_model import reference_prism, resting_on_face
 
 LABELS = np.arange(6)

@@ -16,8 +16,6 @@ from pipeline.gaits.ensemble import ensemble_outcome, ensemble_params, perturbed
 from pipeline.gaits.expansion import expand_in_engine
 from pipeline.gaits.outcome import COLLAPSE_HEIGHT_FRACTION, simulate_targets, summarise
 from pipeline.gaits.pick import Candidate, judged_expansions, pick_expansion
-from pipeline.gaits.published import PUBLISHED_CYCLES as PUBLISHED
-from pipeline.gaits.published import published_gait
 from pipeline.gaits.search import (
     OBJECTIVES,
     FoundGait,
@@ -30,6 +28,8 @@ from pipeline.gaits.search import (
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.rollout import Trace, rest_start
 from pipeline.policies import REST_TARGET
+from pipeline.published_gaits import PUBLISHED_CYCLES as PUBLISHED
+from pipeline.published_gaits import published_gait
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import pytest
 
 from pipeline.config import load_all
 from pipeline.errors import HardwareError
-from pipeline.gaits.published import published_gait
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.policies import REST_TARGET, Policy
+from pipeline.published_gaits import published_gait
 from pipeline.truth import twin_true_params
 from storage.catalog import (
     GAP_FILE,

@@ -18,11 +18,11 @@ import numpy as np
 
 from pipeline.config import RobotConfig
 from pipeline.gaits.outcome import simulate_targets
-from pipeline.gaits.published import ROLLING_UNIT
 from pipeline.gaits.symmetry import cable_permutation, relabel, reversal_caps, reverse, to_face
 from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
 from pipeline.policies import REST_TARGET
+from pipeline.published_gaits import ROLLING_UNIT
 from pipeline.robot_model import N_ACTUATED, N_CAPS
 
 

@@ -2,7 +2,8 @@
 
 A target is six normalised actuated-cable lengths ``[a0..a5]``: cables 0-2 on the
 odd side, 3-5 on the even side. Rolling onto the next face left-shifts each side,
-the clockwise turning gait rolls the other way and right-shifts. Reversing a gait
+the clockwise turning gait rolls the other way and right-shifts (:func:`shift_left`,
+:func:`shift_right`, defined with the robot model's conventions). Reversing a gait
 (rolling backward instead of forward) relabels the cables by the prism's 2-fold
 symmetry found from geometry (R2S2R paper), which swaps the odd and even sides.
 """
@@ -15,21 +16,7 @@ import itertools
 import numpy as np
 
 from pipeline.config import RobotConfig
-from pipeline.robot_model import N_CAPS, reference_prism, resting_on_face
-
-_LEFT = np.array([1, 2, 0, 4, 5, 3])
-_RIGHT = np.array([2, 0, 1, 5, 3, 4])
-
-
-def shift_left(targets: np.ndarray) -> np.ndarray:
-    """``[a0..a5] -> [a1, a2, a0, a4, a5, a3]`` on the last axis of ``targets`` (..., 6)."""
-    return np.asarray(targets)[..., _LEFT]
-
-
-def shift_right(targets: np.ndarray) -> np.ndarray:
-    """``[a0..a5] -> [a2, a0, a1, a5, a3, a4]``, the inverse of :func:`shift_left`."""
-    return np.asarray(targets)[..., _RIGHT]
-
+from pipeline.robot_model import N_CAPS, reference_prism, resting_on_face, shift_left
 
 FACES = ((0, 2, 3, 5), (1, 2, 4, 5), (0, 1, 3, 4))
 """The robot's three rolling faces (Tribar paper): the four end caps nearest the ground.

@@ -1,7 +1,8 @@
 """Engine parameters: one value per environment, with physical bounds.
 
-A :class:`Params` holds a (B,) tensor per identifiable parameter. Values outside
-their bounds are an error (:class:`ParameterBoundsError`), never silently clamped.
+A :class:`Params` holds a (B,) tensor per identifiable parameter of the registry
+(:mod:`pipeline.parameter_specs`), in its order. Values outside their bounds are an error
+(:class:`ParameterBoundsError`), never silently clamped.
 """
 
 from __future__ import annotations
@@ -12,31 +13,12 @@ import torch
 
 from pipeline.config import RobotConfig
 from pipeline.errors import R2S2RError
+from pipeline.parameter_specs import PARAMETERS
 
-BOUNDS: dict[str, tuple[float, float]] = {
-    "motor_speed": (0.01, 2.0),  # s in omega = s * omega_max * u (dimensionless)
-    "motor_time_constant": (0.0, 0.5),  # s, first-order lag of motor speed behind its command
-    "friction": (0.0, 2.0),  # Coulomb coefficient, ground
-    "restitution": (0.0, 1.0),  # ground
-    "actuated_stiffness": (1.0, 1e4),  # N/m
-    "actuated_damping": (0.0, 100.0),  # N s/m
-    "passive_stiffness": (0.1, 1e4),  # N/m
-    "passive_cubic_stiffness": (0.0, 1e6),  # N/m^3
-    "passive_damping": (0.0, 100.0),  # N s/m
-    "passive_rest_length": (0.01, 0.5),  # m
-}
-UNITS = {
-    "motor_speed": "1",
-    "motor_time_constant": "s",
-    "friction": "1",
-    "restitution": "1",
-    "actuated_stiffness": "N/m",
-    "actuated_damping": "N s/m",
-    "passive_stiffness": "N/m",
-    "passive_cubic_stiffness": "N/m^3",
-    "passive_damping": "N s/m",
-    "passive_rest_length": "m",
-}
+BOUNDS: dict[str, tuple[float, float]] = {spec.name: spec.bounds for spec in PARAMETERS}
+"""Physical (low, high) bounds by parameter (:mod:`pipeline.parameter_specs`)."""
+UNITS: dict[str, str] = {spec.name: spec.unit for spec in PARAMETERS}
+"""SI unit by parameter."""
 
 
 class ParameterBoundsError(R2S2RError):
@@ -119,18 +101,7 @@ class Params:
         ).validate()
 
 
-ROBOT_FIELDS: dict[str, tuple[str, str]] = {
-    "motor_speed": ("motor", "speed"),
-    "motor_time_constant": ("motor", "time_constant_s"),
-    "friction": ("ground", "friction"),
-    "restitution": ("ground", "restitution"),
-    "actuated_stiffness": ("actuated_cable", "stiffness_n_per_m"),
-    "actuated_damping": ("actuated_cable", "damping_n_s_per_m"),
-    "passive_stiffness": ("passive_cable", "stiffness_n_per_m"),
-    "passive_cubic_stiffness": ("passive_cable", "cubic_stiffness_n_per_m3"),
-    "passive_damping": ("passive_cable", "damping_n_s_per_m"),
-    "passive_rest_length": ("passive_cable", "rest_length_m"),
-}
+ROBOT_FIELDS: dict[str, tuple[str, str]] = {spec.name: spec.robot_field for spec in PARAMETERS}
 """Where each engine parameter lives in the robot config (section, field): the sysid overlay's keys."""
 
 

@@ -20,21 +20,11 @@ import torch
 
 from pipeline.config import PriorConfig, SysidConfig
 from pipeline.errors import ConfigError
+from pipeline.parameter_specs import PARAMETERS
 from pipeline.physics.params import BOUNDS, Params
 
-LOG_SCALED = {"actuated_stiffness", "actuated_damping", "passive_stiffness", "passive_damping"}
-DEFAULT_SCALES = {
-    "motor_speed": 1.0,
-    "motor_time_constant": 0.05,
-    "friction": 1.0,
-    "restitution": 1.0,
-    "actuated_stiffness": 1.0,
-    "actuated_damping": 1.0,
-    "passive_stiffness": 1.0,
-    "passive_cubic_stiffness": 100.0,
-    "passive_damping": 1.0,
-    "passive_rest_length": 0.02,
-}
+LOG_SCALED = {spec.name for spec in PARAMETERS if spec.log_scaled}
+DEFAULT_SCALES = {spec.name: spec.scale for spec in PARAMETERS}
 BOUND_MARGIN = 1e-3
 """Projection keeps each parameter this fraction of its bound range inside the bounds."""
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.gaits.symmetry import shift_left, shift_right
-from pipeline.robot_model import REST_TARGET
+from pipeline.robot_model import REST_TARGET, shift_left, shift_right
 
 ROLLING_UNIT = np.array([[1, 1, 0.1, 1, 1, 0.1], [0, 1, 1, 0, 1, 0.1]])
 CCW_TURN = np.array([[1, 1, 1, 0, 1, 1], [1, 0, 1, 0, 1, 1], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]], float)
