@@ -503,7 +503,7 @@ def test_replay_scores_the_true_engine_better(engine, slow_motor_data, default_c
     reason="a fixed 50 % on one trajectory is out of reach even for a perfect model: the mean over a dozen "
     "held-out key frames is decided by the few where one model tips a rod over and the other does not, and on the "
     "engine's own data the true values lower it by 50 % on some collect seeds only (docs/sysid.md, "
-    "benchmarks.sysid_floor --engine-data); the criterion against the twin's own values is the next test",
+    "*What limits it*); the criterion against the twin's own values is the next test",
 )
 def test_sysid_on_the_twin_halves_the_held_out_key_frame_error(tmp_path, default_configs) -> None:
     """One tracked random-policy trajectory on the twin through the flow (collect, track, attach,

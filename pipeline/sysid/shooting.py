@@ -2,7 +2,7 @@
 
 The Key Frame Loss and its search compare each gait from a start state that is only estimated
 (settled on the tracked pose, or fitted once at an earlier estimate), and those start errors
-flatten the loss in friction and restitution (``benchmarks.sysid_starts``). Here every fitted
+flatten the loss in friction and restitution (docs/sysid.md, *What limits it*). Here every fitted
 gait of the Key Frame Loss is one window, started from its settled observation
 (:func:`~pipeline.sysid.windows.window_starts`) moved by its own perturbation ``z_k`` (the 48
 coordinates of :func:`~pipeline.sysid.start_fit.perturbed`) and run over the data's duration of
@@ -28,7 +28,7 @@ the starts are settled again at the answer and the weights run again. A window s
 no rollout crosses many contact events, and continuity carries the information from gait to gait.
 
 Measured on 60 s of engine data with tracking noise (motor speed 0.7, friction 0.5, restitution
-0.3; ``benchmarks.sysid_shooting``, scratch runs of its variants), from the robot config's values
+0.3), from the robot config's values
 (0.99 / 0.8 / 0.0):
 
 * the parameters' Jacobian columns are central differences over :data:`PARAMETER_STEP` = 0.05 of

@@ -4,7 +4,7 @@ A settled start (:func:`~pipeline.sysid.windows.window_starts`) has the tracked 
 to within the tracking noise but no velocity, and its motors and rest lengths are
 those of a robot at rest; mid-way through a trajectory the robot moves. At the true
 parameters those errors alone leave the Key Frame Loss a floor larger than a 10 %
-change of friction adds (``benchmarks.sysid_starts``). Here each start is corrected
+change of friction adds (docs/sysid.md, *What limits it*). Here each start is corrected
 by the state perturbation whose rollout (the window's own policy, from the start)
 best matches the data over the first ``span`` seconds: tracked end caps at their
 frames and sensed cable lengths at every control tick, weighted by their noise.

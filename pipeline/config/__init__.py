@@ -1,0 +1,110 @@
+"""Validated configuration models and their YAML loader: the package's public API.
+
+Three kinds of file live under ``configs/``:
+
+* ``robot/*.yaml`` -> :class:`RobotConfig`: what the pipeline knows about the robot
+  (geometry, masses, topology, nominal cable and motor models, PID, sensors).
+* ``hardware/*.yaml`` -> :class:`TwinConfig`: the MuJoCo twin's hidden "true"
+  physical parameters. Only the twin backend and evaluation code read it.
+* ``pipeline/*.yaml`` -> :class:`PipelineConfig`: which robot and hardware to use,
+  where runs go, and per-stage settings.
+
+All lengths are in metres, masses in kg, times in s, angles in rad unless a field
+name says otherwise. Unknown keys are rejected so typos fail before anything runs.
+"""
+
+from pipeline.config.base import CapPair, Fraction, NonNegative, Positive, StrictModel
+from pipeline.config.loading import (
+    LoadedConfigs,
+    apply_overrides,
+    config_hash,
+    load_all,
+    load_yaml,
+    robot_with_overlay,
+)
+from pipeline.config.robot import (
+    ActuatedCableConfig,
+    AttachmentConfig,
+    ContactConfig,
+    EndCapConfig,
+    FeasibilityConfig,
+    MotorConfig,
+    PassiveCableConfig,
+    PIDConfig,
+    RobotConfig,
+    RodConfig,
+    SensorConfig,
+    TopologyConfig,
+)
+from pipeline.config.stages import (
+    AttachConfig,
+    CollectConfig,
+    EngineConfig,
+    EngineParameter,
+    GaitsConfig,
+    GaitSearchConfig,
+    PipelineConfig,
+    PriorConfig,
+    RandomPolicyConfig,
+    RedeployConfig,
+    RunnerConfig,
+    StartPoseConfig,
+    SysidConfig,
+    TrackConfig,
+)
+from pipeline.config.twin import (
+    CameraConfig,
+    GroundConfig,
+    TwinCableConfig,
+    TwinConfig,
+    TwinMotorConfig,
+    TwinPhysicsConfig,
+    TwinSensorConfig,
+)
+
+__all__ = [
+    "ActuatedCableConfig",
+    "AttachConfig",
+    "AttachmentConfig",
+    "CameraConfig",
+    "CapPair",
+    "CollectConfig",
+    "ContactConfig",
+    "EndCapConfig",
+    "EngineConfig",
+    "EngineParameter",
+    "FeasibilityConfig",
+    "Fraction",
+    "GaitSearchConfig",
+    "GaitsConfig",
+    "GroundConfig",
+    "LoadedConfigs",
+    "MotorConfig",
+    "NonNegative",
+    "PIDConfig",
+    "PassiveCableConfig",
+    "PipelineConfig",
+    "Positive",
+    "PriorConfig",
+    "RandomPolicyConfig",
+    "RedeployConfig",
+    "RobotConfig",
+    "RodConfig",
+    "RunnerConfig",
+    "SensorConfig",
+    "StartPoseConfig",
+    "StrictModel",
+    "SysidConfig",
+    "TopologyConfig",
+    "TrackConfig",
+    "TwinCableConfig",
+    "TwinConfig",
+    "TwinMotorConfig",
+    "TwinPhysicsConfig",
+    "TwinSensorConfig",
+    "apply_overrides",
+    "config_hash",
+    "load_all",
+    "load_yaml",
+    "robot_with_overlay",
+]

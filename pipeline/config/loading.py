@@ -1,0 +1,138 @@
+"""Loading configs from YAML: validation with errors that name the file and the field, dotted-key
+overrides, robot-config overlays and config hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from pipeline.config.base import StrictModel
+from pipeline.config.robot import RobotConfig
+from pipeline.config.stages import PipelineConfig
+from pipeline.config.twin import TwinConfig
+from pipeline.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _format_validation_error(path: Path, error: ValidationError) -> str:
+    lines = [f"{path}: invalid {error.title} configuration"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "<root>"
+        got = item.get("input")
+        got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  field '{field}': {item['msg']}{got_text}")
+    return "\n".join(lines)
+
+
+def load_yaml(path: str | Path, model: type[M]) -> M:
+    """Read ``path`` and validate it as ``model``.
+
+    Raises :class:`ConfigError` naming the file, each offending field and what was
+    expected.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(path, exc)) from exc
+
+
+def config_hash(config: BaseModel) -> str:
+    """Stable sha256 (hex, first 16 chars) of a config's JSON form."""
+    payload = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+class LoadedConfigs(StrictModel):
+    """A pipeline config together with the robot and hardware configs it names."""
+
+    pipeline: PipelineConfig
+    robot: RobotConfig
+    twin: TwinConfig
+    pipeline_path: Path
+
+
+def load_all(pipeline_path: str | Path, overrides: dict[str, object] | None = None) -> LoadedConfigs:
+    """Load a pipeline config and the configs it references.
+
+    Relative paths inside the pipeline file are resolved against that file's folder.
+    ``overrides`` maps dotted keys (``collect.random.seed``) to values applied before
+    validation.
+    """
+    pipeline_path = Path(pipeline_path).resolve()
+    pipeline = load_yaml(pipeline_path, PipelineConfig)
+    if overrides:
+        pipeline = apply_overrides(pipeline, overrides, pipeline_path)
+    base = pipeline_path.parent
+
+    def resolve(p: Path) -> Path:
+        return p if p.is_absolute() else (base / p).resolve()
+
+    pipeline = pipeline.model_copy(
+        update={
+            "runs_dir": resolve(pipeline.runs_dir),
+            "robot_config": resolve(pipeline.robot_config),
+            "hardware_config": resolve(pipeline.hardware_config),
+        }
+    )
+    robot = load_yaml(pipeline.robot_config, RobotConfig)
+    twin = load_yaml(pipeline.hardware_config, TwinConfig)
+    return LoadedConfigs(pipeline=pipeline, robot=robot, twin=twin, pipeline_path=pipeline_path)
+
+
+def apply_overrides(config: M, overrides: dict[str, object], source: Path) -> M:
+    """Return ``config`` with dotted-key overrides applied and re-validated."""
+    data = config.model_dump(mode="json")
+    for key, value in overrides.items():
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(f"{source}: override '{key}': no field '{part}'")
+            node = node[part]
+        if not isinstance(node, dict) or parts[-1] not in node:
+            raise ConfigError(f"{source}: override '{key}': no field '{parts[-1]}'")
+        node[parts[-1]] = value
+    try:
+        return type(config).model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(source, exc)) from exc
+
+
+def _deep_merge(base: dict, overlay: dict, path: str, source: Path) -> dict:
+    merged = dict(base)
+    for key, value in overlay.items():
+        where = f"{path}.{key}" if path else key
+        if key not in base:
+            raise ConfigError(f"{source}: overlay field '{where}' does not exist in the robot config")
+        if isinstance(value, dict) and isinstance(base[key], dict):
+            merged[key] = _deep_merge(base[key], value, where, source)
+        else:
+            merged[key] = value
+    return merged
+
+
+def robot_with_overlay(robot: RobotConfig, overlay: dict[str, object], source: Path) -> RobotConfig:
+    """``robot`` with a nested overlay (e.g. ``{"attachment": {"phase_rad": [...]}}``, as the
+    attach and sysid stages write) merged in and re-validated; ``source`` names the overlay in errors."""
+    merged = _deep_merge(robot.model_dump(mode="json"), overlay, "", source)
+    try:
+        return RobotConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(source, exc)) from exc
