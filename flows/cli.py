@@ -156,13 +156,16 @@ def campaign(
 
 
 def _headline_table(title: str, rows: dict[int, dict[str, float]]) -> Table:
-    """Headline metrics (rows) by iteration (columns), so that a terminal fits many iterations."""
+    """Headline figures (rows, in :data:`storage.tracking.HEADLINE`'s order) by iteration (columns),
+    so that a terminal fits many iterations."""
     table = Table(title=title)
     iterations = sorted(rows)
     table.add_column("metric", no_wrap=True)
     for iteration in iterations:
         table.add_column(f"iteration {iteration}", justify="right")
-    for metric in sorted({key for metrics in rows.values() for key in metrics}):
+    from storage.tracking import headline_order
+
+    for metric in sorted({key for metrics in rows.values() for key in metrics}, key=headline_order):
         values = [rows[k].get(metric) for k in iterations]
         table.add_row(metric, *("" if v is None else f"{v:.4g}" for v in values))
     return table

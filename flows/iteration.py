@@ -35,6 +35,7 @@ from storage.tracking import (
     finish_run,
     flatten,
     headline_metrics,
+    headline_order,
     iteration_run,
     log_metrics,
     log_params_once,
@@ -67,7 +68,8 @@ def _log_headline(client, layout: RunLayout, run_id: str, iteration: int) -> dic
     headline = headline_metrics(run.data.metrics)
     for target in (run_id, campaign_run(client, layout)):
         log_metrics(client, target, headline, step=iteration)
-    write_campaign_view(client, run.info.experiment_id, list(headline), list(stage_table.stage_names()))
+    columns = sorted(headline, key=headline_order)
+    write_campaign_view(client, run.info.experiment_id, columns, list(stage_table.stage_names()))
     return headline
 
 

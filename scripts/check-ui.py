@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -62,10 +63,19 @@ def render(chrome: str, url: str, screenshot: Path | None, height: int) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-def wait_for(url: str, timeout_s: float) -> None:
-    """Until ``url`` answers (the UI server started)."""
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(url: str, server: subprocess.Popen, timeout_s: float) -> None:
+    """Until ``url`` answers (the UI server started); exit if the server stopped first."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
+        if server.poll() is not None:
+            sys.exit(f"check-ui: r2s2r ui stopped (status {server.returncode}) before answering at {url}")
         try:
             with urllib.request.urlopen(url, timeout=5):
                 return
@@ -78,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/pipeline/default.yaml")
     parser.add_argument("--out", type=Path, default=REPO / "docs")
-    parser.add_argument("--port", type=int, default=5077)
+    parser.add_argument("--port", type=int, default=0, help="Port of the UI (default: a free one).")
     args = parser.parse_args()
     configs = load_all(args.config)
     client = client_for(RunLayout.of(configs))
@@ -92,15 +102,16 @@ def main() -> None:
     iterations = [f"iter_{k}" for k in sorted(int(r.data.tags[ITERATION_TAG]) for r in runs)]
     headline = sorted({k for r in runs for k in r.data.metrics if k.startswith("headline/")})
     chrome = browser()
-    base = f"http://127.0.0.1:{args.port}"
+    port = args.port or free_port()
+    base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     r2s2r = Path(sys.executable).parent / "r2s2r"
-    command = [str(r2s2r), "ui", "--config", args.config, "--port", str(args.port)]
+    command = [str(r2s2r), "ui", "--config", args.config, "--port", str(port)]
     server = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     try:
-        wait_for(base, 120)
+        wait_for(base, server, 120)
         page = campaign_view_url(base, experiment.experiment_id)
         args.out.mkdir(parents=True, exist_ok=True)
         table = render(chrome, page, args.out / "mlflow-runs.png", 800)
@@ -111,6 +122,7 @@ def main() -> None:
     shown = [name for name in re.findall(r"\biter_\d+\b", table) if name in iterations]
     sections = [name for name, _ in re.findall(r"\b([a-z_]+) \((\d+)\) Add chart", charts)]
     checks = {
+        "campaign_shown": re.search(rf"Experiments\W+{re.escape(configs.pipeline.campaign)}\b", table) is not None,
         "iterations_listed_in_order": list(dict.fromkeys(shown)) == iterations,
         "headline_columns": bool(headline) and all(name in table for name in headline[:3]),
         "first_chart_section_is_headline": sections[:1] == ["headline"],

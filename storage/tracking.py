@@ -205,6 +205,18 @@ def set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, str]) -> None
     client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
 
 
+def headline_order(name: str) -> tuple[int, str]:
+    """Sort key of a ``headline/`` metric: :data:`HEADLINE`'s order, then the identified values and
+    their errors (:data:`HEADLINE_PREFIXES`), each by name."""
+    short = name.removeprefix(HEADLINE_PREFIX)
+    fixed = list(HEADLINE.values())
+    if short in fixed:
+        return fixed.index(short), ""
+    groups = list(HEADLINE_PREFIXES.values())
+    group = next((i for i, prefix in enumerate(groups) if short.startswith(prefix)), len(groups))
+    return len(fixed) + group, short
+
+
 def write_campaign_view(client: MlflowClient, experiment: str, headline: list[str], stages: list[str]) -> None:
     """Store the campaign's view of its runs in the experiment (:data:`VIEW_TAG`): the iteration
     runs, one row each in order, with a column per ``headline`` metric, and the chart view's

@@ -200,3 +200,29 @@ def test_parted_writer_survives_a_crash(tmp_path: Path) -> None:
     writer.finalize(complete=True)
     assert read_meta(final)["complete"] is True
     assert not final.with_name("data.parquet.parts").exists()
+
+
+def test_headline_figures_are_picked_from_the_stage_metrics_and_ordered() -> None:
+    """The headline keeps the figures that say whether an iteration worked (and every identified
+    value and its error), renamed under ``headline/``, and orders them: gap, held-out error,
+    motion, then identified values, then their errors."""
+    from storage.tracking import headline_metrics, headline_order
+
+    metrics = {
+        "sysid/truth_error_pct.friction": -30.0,
+        "sysid/value.friction": 0.5,
+        "evaluate/gap.after.com_error_m": 0.05,
+        "evaluate/gap.before.com_error_m": 0.2,
+        "sysid/holdout.after.key_frame_error_mm": 8.0,
+        "gaits/search_wall_s": 100.0,
+        "track/error_cap_error_mean_mm": 3.0,
+    }
+    headline = headline_metrics(metrics)
+    assert sorted(headline, key=headline_order) == [
+        "headline/gap_before_m",
+        "headline/gap_after_m",
+        "headline/heldout_after_mm",
+        "headline/identified.friction",
+        "headline/identified_error_pct.friction",
+    ]
+    assert headline["headline/gap_after_m"] == 0.05 and headline["headline/identified.friction"] == 0.5
