@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import Flow, flow
 from prefect.runtime import flow_run
@@ -43,13 +44,16 @@ from storage.tracking import (
     write_campaign_view,
 )
 
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
 
 def with_runner(flow_object: Flow, configs: LoadedConfigs) -> Flow:
     """``flow_object`` with the task runner of the config's ``runner`` section."""
     return flow_object.with_options(task_runner=task_runner(configs.pipeline.runner))
 
 
-def _log_iteration_params(configs: LoadedConfigs, client, run_id: str, pipeline_config: str) -> None:
+def _log_iteration_params(configs: LoadedConfigs, client: MlflowClient, run_id: str, pipeline_config: str) -> None:
     """The iteration run's params: the pipeline and robot configs, flattened, and the robot config's hash."""
     params = flatten(
         "pipeline", configs.pipeline.model_dump(mode="json", exclude={"runs_dir", "robot_config", "hardware_config"})
@@ -60,7 +64,7 @@ def _log_iteration_params(configs: LoadedConfigs, client, run_id: str, pipeline_
     log_params_once(client, run_id, params)
 
 
-def _log_headline(client, layout: RunLayout, run_id: str, iteration: int) -> dict[str, float]:
+def _log_headline(client: MlflowClient, layout: RunLayout, run_id: str, iteration: int) -> dict[str, float]:
     """Copy the iteration's headline figures (:func:`storage.tracking.headline_metrics`) to
     ``headline/*`` on its run and, at step = iteration, on the campaign run, and store the
     campaign view with a column for each (:func:`storage.tracking.write_campaign_view`); returns them."""
