@@ -1,8 +1,7 @@
 """MLflow tracking: SQLite store under the runs folder (or the server in ``MLFLOW_TRACKING_URI``),
 explicit run ids.
 
-One experiment per campaign (a model-training experiment, so that the UI opens on its runs),
-holding a tree of runs::
+One experiment per campaign (tagged a model-training experiment), holding a tree of runs::
 
     campaign_<name>          headline/* at step = iteration: the campaign's learning curve
       iter_<k>               params: the configs; metrics: headline/* and <stage>/* per stage
@@ -47,7 +46,7 @@ ENVIRONMENT_TAG = "r2s2r.env"
 PARENT_TAG = "mlflow.parentRunId"
 """MLflow's own tag: the run's parent in the UI's run tree."""
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-"""MLflow's own experiment tag: ``custom_model_development`` opens the UI on the runs."""
+"""MLflow's own experiment tag: ``custom_model_development`` marks a model-training experiment."""
 EXPERIMENT_KIND = "custom_model_development"
 HEADLINE_PREFIX = "headline/"
 HEADLINE = {
