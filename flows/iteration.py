@@ -64,13 +64,13 @@ def _log_iteration_params(configs: LoadedConfigs, client: MlflowClient, run_id: 
     log_params_once(client, run_id, params)
 
 
-def _log_headline(client: MlflowClient, layout: RunLayout, run_id: str, iteration: int) -> dict[str, float]:
+def _log_headline(client: MlflowClient, run_id: str, campaign_id: str, iteration: int) -> dict[str, float]:
     """Copy the iteration's headline figures (:func:`storage.tracking.headline_metrics`) to
     ``headline/*`` on its run and, at step = iteration, on the campaign run, and store the
     campaign view with a column for each (:func:`storage.tracking.write_campaign_view`); returns them."""
     run = client.get_run(run_id)
     headline = headline_metrics(run.data.metrics)
-    for target in (run_id, campaign_run(client, layout)):
+    for target in (run_id, campaign_id):
         log_metrics(client, target, headline, step=iteration)
     columns = sorted(headline, key=headline_order)
     write_campaign_view(client, run.info.experiment_id, columns, list(stage_table.stage_names()))
@@ -121,9 +121,10 @@ def r2s2r_iteration(
     layout = RunLayout.of(configs)
     client = client_for(layout)
     run_id, created = iteration_run(client, layout, iteration)
-    campaign = campaign_run(client, layout) if flow_run.parent_flow_run_id is None else None
-    if campaign is not None:  # not a campaign's subflow: the campaign run's status follows this flow
-        client.update_run(campaign, status="RUNNING")
+    campaign_id = campaign_run(client, layout)
+    owns_campaign = flow_run.parent_flow_run_id is None  # not a campaign's subflow: its status follows this flow
+    if owns_campaign:
+        client.update_run(campaign_id, status="RUNNING")
     if created:
         _log_iteration_params(configs, client, run_id, pipeline_config)
     client.set_tag(run_id, "prefect.flow_run_id", str(flow_run.id))
@@ -162,13 +163,13 @@ def r2s2r_iteration(
             refs[stage.name], cached = _run_stage(stage, call, run_id)
             wall_s = time.perf_counter() - start
             summary["stages"][stage.name] = {"ref": refs[stage.name], "cached": cached, "wall_s": wall_s}
-        summary["headline"] = _log_headline(client, layout, run_id, iteration)
+        summary["headline"] = _log_headline(client, run_id, campaign_id, iteration)
     except BaseException:
         finish_run(client, run_id, ok=False)
-        if campaign is not None:
-            finish_run(client, campaign, ok=False)
+        if owns_campaign:
+            finish_run(client, campaign_id, ok=False)
         raise
     finish_run(client, run_id, ok=True)
-    if campaign is not None:
-        finish_run(client, campaign, ok=True)
+    if owns_campaign:
+        finish_run(client, campaign_id, ok=True)
     return summary

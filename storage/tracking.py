@@ -257,12 +257,17 @@ def is_metric(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def log_metrics(client: MlflowClient, run_id: str, metrics: Mapping[str, float], step: int) -> None:
-    """Log ``metrics`` at ``step`` on the run in batches (MLflow takes at most 1000 a call)."""
+def log_metric_points(client: MlflowClient, run_id: str, points: Iterable[tuple[str, float, int]]) -> None:
+    """Log ``(key, value, step)`` points on the run in batches (MLflow takes at most 1000 a call)."""
     stamp = int(time.time() * 1000)
-    batch = [Metric(key, float(value), stamp, step) for key, value in metrics.items()]
+    batch = [Metric(key, float(value), stamp, step) for key, value, step in points]
     for start in range(0, len(batch), 1000):
         client.log_batch(run_id, metrics=batch[start : start + 1000])
+
+
+def log_metrics(client: MlflowClient, run_id: str, metrics: Mapping[str, float], step: int) -> None:
+    """Log ``metrics`` at ``step`` on the run."""
+    log_metric_points(client, run_id, ((key, value, step) for key, value in metrics.items()))
 
 
 @dataclass(frozen=True)
@@ -285,11 +290,6 @@ class StageContext:
     def client(self) -> MlflowClient:
         return client_for(self.layout)
 
-    @property
-    def stage_dir(self) -> Path:
-        """The stage's output folder for this iteration."""
-        return self.layout.stage_dir(self.iteration, self.stage)
-
     @cached_property
     def run_id(self) -> str:
         """The stage's child run of the iteration run, created on first use."""
@@ -310,8 +310,9 @@ class StageContext:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        if "run_id" in self.__dict__:
-            finish_run(self.client, self.run_id, ok=kind is None)
+        if "run_id" in self.__dict__:  # a stage run has no child runs to close
+            status = RunStatus.FINISHED if kind is None else RunStatus.FAILED
+            self.client.set_terminated(self.run_id, status=RunStatus.to_string(status))
 
     def metric_name(self, key: str) -> str:
         return f"{self.stage}/{key}"
@@ -342,10 +343,8 @@ class StageContext:
     def log_series(self, name: str, values: Iterable[tuple[int, float]]) -> None:
         """Log metric ``<stage>/<name>`` on the stage run as a series of ``(step, value)`` pairs
         (e.g. a loss curve over optimiser steps)."""
-        stamp = int(time.time() * 1000)
-        batch = [Metric(self.metric_name(name), float(v), stamp, step) for step, v in values]
-        for start in range(0, len(batch), 1000):
-            self.client.log_batch(self.run_id, metrics=batch[start : start + 1000])
+        key = self.metric_name(name)
+        log_metric_points(self.client, self.run_id, ((key, value, step) for step, value in values))
 
     def log_model(self, name: str, files: Iterable[Path], params: Mapping[str, str]) -> str:
         """Log ``files`` as MLflow model ``name`` (the UI's Models tab) made by the stage run, with
