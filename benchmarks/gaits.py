@@ -77,7 +77,7 @@ def main() -> None:
     robot = configs.robot
     config = configs.pipeline.gaits.search
     if args.quick:
-        config = config.model_copy(update={"depth": 3, "beam_width": 4})
+        config = config.updated({"depth": 3, "beam_width": 4})
     engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s)
     params = Params.from_robot(robot)
     start = rest_start(engine, params, robot)

@@ -12,7 +12,7 @@ the robust KFL, then gait-wise multiple shooting of the three; ``configs/pipelin
   2 mm noise standing in for the tracker (``benchmarks.tracking`` measures the
   tracker): the error against the twin's truth where the engine has a counterpart,
   and the held-out key-frame error before (robot-config values) and after. As in the
-  stage, the control latency is chosen from ``sysid.latency_grid_s`` first
+  stage, the control latency is chosen from ``sysid.latency.grid_s`` first
   (:func:`tasks.sysid.latency_robot`); the engine has the twin's true attachment points
   (the attach stage's estimate is ``benchmarks.tracking``'s), so the figures are of sysid alone.
 
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--targets", type=int, default=100, help="random targets per trajectory (~0.5 s each)")
     parser.add_argument("--no-anchor", action="store_true", help="skip the mujoco.sysid anchor")
     parser.add_argument(
-        "--gait-shooting", type=int, metavar="STEPS", help="sysid.gait_shooting_iterations (default: the config's)"
+        "--gait-shooting", type=int, metavar="STEPS", help="sysid.gait_shooting.iterations (default: the config's)"
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -135,17 +135,17 @@ def main() -> None:
     n_targets = 6 if args.quick else args.targets
     config = configs.pipeline.sysid
     if args.gait_shooting is not None:
-        config = config.model_copy(update={"gait_shooting_iterations": args.gait_shooting})
+        config = config.updated({"gait_shooting.iterations": args.gait_shooting})
     if args.quick:
-        config = config.model_copy(
-            update={
-                "iterations": 3,
-                "warmup_iterations": 2,
-                "min_iterations": 1,
-                "average_last": 1,
-                "latency_grid_s": (0.0, 0.06),
-                "search_generations": 2,
-                "search_population": 4,
+        config = config.updated(
+            {
+                "gradient.iterations": 3,
+                "gradient.warmup_iterations": 2,
+                "gradient.min_iterations": 1,
+                "gradient.average_last": 1,
+                "latency.grid_s": (0.0, 0.06),
+                "search.generations": 2,
+                "search.population": 4,
             }
         )
 
@@ -166,7 +166,7 @@ def main() -> None:
     recording, sensors, caps = twin_data(configs, n_targets, seed=0)
     attachment = robot.attachment.model_copy(update={"phase_rad": configs.twin.attachment_phase_rad})
     twin_robot = robot.model_copy(update={"attachment": attachment})
-    twin_result = run(twin_robot, recording, config, config.holdout_fraction, latency=True, compiled=compiled)
+    twin_result = run(twin_robot, recording, config, config.data.holdout_fraction, latency=True, compiled=compiled)
     truth = twin_true_params(robot, configs.twin)
     twin_truth = {n: float(getattr(truth, n)[0]) for n in config.parameters}
     twin_result["truth"] = twin_truth

@@ -117,8 +117,8 @@ def earlier_data_refs(
     configs: LoadedConfigs, layout: RunLayout, iteration: int
 ) -> dict[int, tuple[dict[str, str], dict[str, str]]]:
     """The collect and track refs (JSON) of the earlier iterations whose trajectories the sysid of
-    ``iteration`` also uses (all so far, or the last ``sysid.data_window`` with this one)."""
-    window = configs.pipeline.sysid.data_window or iteration
+    ``iteration`` also uses (all so far, or the last ``sysid.data.window`` with this one)."""
+    window = configs.pipeline.sysid.data.window or iteration
     return {
         k: (existing_ref(layout, k, "collect").to_json(), existing_ref(layout, k, "track").to_json())
         for k in range(max(1, iteration - window + 1), iteration)

@@ -33,9 +33,7 @@ class ParameterSpec:
 
 
 PARAMETERS: tuple[ParameterSpec, ...] = (
-    ParameterSpec(
-        "motor_speed", "1", (0.01, 2.0), ("motor", "speed"), 1.0, False, "s in omega = s * omega_max * u"
-    ),
+    ParameterSpec("motor_speed", "1", (0.01, 2.0), ("motor", "speed"), 1.0, False, "s in omega = s * omega_max * u"),
     ParameterSpec(
         "motor_time_constant",
         "s",

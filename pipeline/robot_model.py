@@ -34,6 +34,7 @@ def shift_right(targets: np.ndarray) -> np.ndarray:
     """``[a0..a5] -> [a2, a0, a1, a5, a3, a4]``, the inverse of :func:`shift_left`."""
     return np.asarray(targets)[..., _RIGHT]
 
+
 N_PASSIVE = 3
 N_CABLES = N_ACTUATED + N_PASSIVE
 

@@ -3,7 +3,7 @@
 :func:`sysid_data` reads every recording of the collect stage (sensor stream: targets,
 commands, cable lengths) with its tracked end caps (track stage), builds the robot with the
 attachment overlay (attach stage) and splits the recordings into gaits, holding out the last
-``sysid.holdout_fraction`` of each (:mod:`pipeline.sysid.heldout`). :func:`run_sysid`
+``sysid.data.holdout_fraction`` of each (:mod:`pipeline.sysid.heldout`). :func:`run_sysid`
 identifies ``sysid.parameters`` with the configured loss (KFL by default) and replays the engine
 before (the robot config's values) and after on the held-out gaits. It writes
 ``identified.yaml`` (a robot-config overlay with the identified values), ``identified.xml``
@@ -65,7 +65,7 @@ def sysid_data(
 ) -> SysidData:
     """Read the recordings (with ``earlier``: earlier iterations' collect and track refs, named
     ``k<iteration>-<policy id>``), split them into gaits and hold out the last
-    ``sysid.holdout_fraction`` of each."""
+    ``sysid.data.holdout_fraction`` of each."""
     timeout_s = configs.pipeline.collect.segment_timeout_s
     robot = attached_robot(configs, attach_ref)
     recordings = load_recordings(collect_ref, track_ref, timeout_s)
@@ -90,7 +90,7 @@ def run_sysid(
     engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s, compiled=compiled)
     loss = make_loss(engine, robot, recordings, fit, start, config, timeout_s)
     with Progress(
-        TextColumn(f"sysid ({config.loss})"),
+        TextColumn(f"sysid ({config.loss.kind})"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total} steps  loss {task.fields[loss]:.3g}"),
         TimeElapsedColumn(),
@@ -106,16 +106,16 @@ def run_sysid(
     stage_dir = RunLayout.of(configs).stage_dir(iteration, STAGE)
     stage_dir.mkdir(parents=True, exist_ok=True)
     overlay = robot_overlay(result.values)
-    if config.latency_grid_s:
+    if config.latency.grid_s:
         overlay["pid"] = {"latency_s": robot.pid.latency_s}
     identified = robot_with_overlay(robot, overlay, stage_dir / SYSID_OVERLAY_FILE)
     atomic_write_bytes(stage_dir / SYSID_OVERLAY_FILE, yaml.safe_dump(overlay, sort_keys=False).encode())
     write_identified_mjcf(stage_dir / MJCF_FILE, identified, config.dt_s)
-    write_table(stage_dir / HISTORY_FILE, history_table(result.history), {"loss": config.loss, "stage": STAGE})
+    write_table(stage_dir / HISTORY_FILE, history_table(result.history), {"loss": config.loss.kind, "stage": STAGE})
     validation = {name: {label: r.metrics("") for label, r in pair.items()} for name, pair in replays.items()}
     atomic_write_json(stage_dir / VALIDATION_FILE, validation)
     _write_plots(stage_dir, result, replays)
-    summary = _summary(config.loss, start, result, gaits, fit, held, replays)
+    summary = _summary(config.loss.kind, start, result, gaits, fit, held, replays)
     summary["latency_s"] = robot.pid.latency_s
     summary["recordings"] = len(recordings)
     if latency is not None:

@@ -39,34 +39,35 @@ def default_configs() -> LoadedConfigs:
 
 
 SMALL_SYSID = {
-    "iterations": 3,
-    "warmup_iterations": 2,
-    "min_iterations": 1,
-    "average_last": 1,
-    "dt_s": 0.005,
-    "chunk_s": 2.0,
-    "latency_grid_s": [0.0, 0.06],
-    "latency_speed_factors": [1.0],
-    "start_fit_iterations": 2,
-    "search_generations": 2,
-    "search_population": 4,
-    "start_refits": 0,
-    "gait_shooting_iterations": 1,
-    "gait_shooting_restarts": 0,
-    "gait_shooting_parameters": ["motor_speed", "restitution"],
+    "sysid.dt_s": 0.005,
+    "sysid.gradient.iterations": 3,
+    "sysid.gradient.warmup_iterations": 2,
+    "sysid.gradient.min_iterations": 1,
+    "sysid.gradient.average_last": 1,
+    "sysid.loss.chunk_s": 2.0,
+    "sysid.latency.grid_s": [0.0, 0.06],
+    "sysid.latency.speed_factors": [1.0],
+    "sysid.start_fit.iterations": 2,
+    "sysid.start_fit.refits": 0,
+    "sysid.search.generations": 2,
+    "sysid.search.population": 4,
+    "sysid.gait_shooting.iterations": 1,
+    "sysid.gait_shooting.restarts": 0,
+    "sysid.gait_shooting.parameters": ["motor_speed", "restitution"],
 }
 """A sysid short enough for flow tests (its accuracy is tested in test_sysid.py). Gait shooting
 runs one step on two parameters, so friction keeps the search's profile range."""
 
 SMALL_GAITS = {
-    "search": {"depth": 2, "validate_top": 2},
-    "straight_cycles": 1,
-    "turn_cycles": 1,
-    "expansion_starts": 3,
+    "gaits.search.depth": 2,
+    "gaits.search.validate_top": 2,
+    "gaits.straight_cycles": 1,
+    "gaits.turn_cycles": 1,
+    "gaits.expansion_starts": 3,
 }
 """A gait search and expansion short enough for flow tests (the search is tested in test_gaits.py)."""
 
-SMALL_REDEPLOY = {"policies": ["turning"]}
+SMALL_REDEPLOY = {"redeploy.policies": ["turning"]}
 """One policy from the three default starts."""
 
 
@@ -76,23 +77,23 @@ def write_test_pipeline(folder: Path, campaign: str = "test", n_targets: int = 4
     base = load_all(DEFAULT_PIPELINE)
     twin_path = folder / "twin.yaml"
     twin_path.write_text(yaml.safe_dump(small_twin(base.twin).model_dump(mode="json")))
-    pipeline = base.pipeline.model_dump(mode="json")
-    pipeline.update(
-        campaign=campaign,
-        runs_dir=str(folder / "runs"),
-        robot_config=str(base.pipeline.robot_config),
-        hardware_config=str(twin_path),
+    pipeline = base.pipeline.updated(
+        {
+            "campaign": campaign,
+            "runs_dir": folder / "runs",
+            "hardware_config": twin_path,
+            "collect.random.n_targets": n_targets,
+            **{f"collect.{key}": value for key, value in collect.items()},
+            **SMALL_SYSID,
+            **SMALL_GAITS,
+            **SMALL_REDEPLOY,
+            # eager engine: compiling the step costs a compile per process, more than these small
+            # stages take eagerly; test_engine checks the compiled step against the eager one
+            "engine.compiled": False,
+        }
     )
-    pipeline["collect"]["random"]["n_targets"] = n_targets
-    pipeline["collect"].update(collect)
-    pipeline["sysid"].update(SMALL_SYSID)
-    pipeline["gaits"].update(SMALL_GAITS)
-    pipeline["redeploy"].update(SMALL_REDEPLOY)
-    # eager engine: compiling the step costs 40-55 s per process, more than these small stages
-    # take eagerly; test_engine checks the compiled step against the eager one
-    pipeline["engine"]["compiled"] = False
     path = folder / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(pipeline))
+    path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json")))
     return path
 
 

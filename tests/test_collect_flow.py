@@ -272,7 +272,7 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert "sysid/holdout.after.key_frame_error_median_mm" in run.data.metrics  # the typical held-out gait
     latency_ms = round(1000 * identified["pid"]["latency_s"])  # the grid's best at its best motor speed
     assert run.data.metrics[f"sysid/latency_loss.{latency_ms}ms"] == min(
-        run.data.metrics[f"sysid/latency_loss.{round(1000 * s)}ms"] for s in configs.pipeline.sysid.latency_grid_s
+        run.data.metrics[f"sysid/latency_loss.{round(1000 * s)}ms"] for s in configs.pipeline.sysid.latency.grid_s
     )
     assert f"sysid/latency_motor_speed.{latency_ms}ms" in run.data.metrics
     truth_mm = run.data.metrics["sysid/holdout.truth.key_frame_error_mm"]  # the twin's own values, replayed
@@ -347,7 +347,7 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
 
     # status: everything of iteration 1 cached; a new learning rate makes sysid and what follows stale
     assert stage_status(configs, 1) == dict.fromkeys(stage_names(), "cached")
-    changed = load_all(config, {"sysid.lr": 0.05})
+    changed = load_all(config, {"sysid.gradient.lr": 0.05})
     assert stage_status(changed, 1) == {
         **dict.fromkeys(("collect", "track", "attach"), "cached"),
         **dict.fromkeys(("sysid", "gaits", "redeploy", "evaluate"), "stale"),

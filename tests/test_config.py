@@ -100,6 +100,21 @@ def test_overrides(default_configs) -> None:
         apply_overrides(default_configs.pipeline, {"collect.segment_timeout_s": -1}, DEFAULT_PIPELINE)
 
 
+def test_sysid_sections_take_nested_keys_and_refuse_flat_ones(default_configs) -> None:
+    """``sysid`` is nested by the steps of identification: a nested key changes that step's field
+    alone, a key of the flat form (``sysid.lr``) is no field, and a wrong value names its path."""
+    sysid = default_configs.pipeline.sysid
+    changed = sysid.updated({"gradient.lr": 0.05, "search.generations": 3})
+    assert (changed.gradient.lr, changed.search.generations) == (0.05, 3)
+    assert changed.loss == sysid.loss and changed.gradient.iterations == sysid.gradient.iterations
+    with pytest.raises(ConfigError, match="no field 'lr'"):
+        apply_overrides(default_configs.pipeline, {"sysid.lr": 0.05}, DEFAULT_PIPELINE)
+    with pytest.raises(ConfigError, match="sysid.loss.kind"):
+        apply_overrides(default_configs.pipeline, {"sysid.loss.kind": "l2"}, DEFAULT_PIPELINE)
+    with pytest.raises(KeyError, match="no field 'mask_filter'"):
+        sysid.updated({"mask_filter": False})
+
+
 def test_config_hash_tracks_content(default_configs) -> None:
     robot = default_configs.robot
     assert config_hash(robot) == config_hash(robot.model_copy())

@@ -88,7 +88,7 @@ def test_a_stage_added_to_the_table_runs_in_the_flow_and_shows_in_status(
 
     assert stage_status(configs, 1)["dummy"] == "cached"
     assert stage_status(load_all(config, {"track.gate_m": 0.2}), 1)["dummy"] == "stale"
-    assert stage_status(load_all(config, {"sysid.lr": 0.5}), 1)["dummy"] == "cached"
+    assert stage_status(load_all(config, {"sysid.gradient.lr": 0.5}), 1)["dummy"] == "cached"
     shown = CliRunner().invoke(app, ["status", "--config", config], env={"COLUMNS": "300"})
     assert shown.exit_code == 0, shown.output
     assert "dummy" in shown.output

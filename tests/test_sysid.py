@@ -80,7 +80,9 @@ def test_policy_rollout_losses_hold_targets_as_long_as_each_recording_did(
     start = Params.from_robot(robot)
     redeployed = dataclasses.replace(slow_motor_data, segment_timeout_s=3.0)
     for loss in ("last_step", "multiple_shooting"):
-        config = SysidConfig(parameters=("motor_speed",), loss=loss, dt_s=DT, shooting_windows=2)
+        config = SysidConfig().updated(
+            {"parameters": ("motor_speed",), "loss.kind": loss, "dt_s": DT, "loss.shooting_windows": 2}
+        )
         own = make_loss(engine, robot, {redeployed.name: redeployed}, gaits, start, config, 8.0)
         unsaid = make_loss(engine, robot, {slow_motor_data.name: slow_motor_data}, gaits, start, config, 8.0)
         assert set(own.segment_timeout_s) == {3.0} and set(unsaid.segment_timeout_s) == {8.0}, loss
@@ -165,7 +167,7 @@ def test_kfl_gradient_points_to_the_true_motor_speed(engine, slow_motor_data, de
     gradients points back to it. Further out it need not: at 0.7, three of the 17 gaits pull the
     wrong way hard enough to turn the sum (measured: -2.2); the stage's search does not rely on it."""
     robot = default_configs.robot
-    config = SysidConfig(parameters=("motor_speed",), dt_s=DT, chunk_s=2.0)
+    config = SysidConfig().updated({"parameters": ("motor_speed",), "dt_s": DT, "loss.chunk_s": 2.0})
     gaits = split_gaits(slow_motor_data, robot, 8.0)
     loss = KeyFrameLoss(engine, robot, {slow_motor_data.name: slow_motor_data}, gaits, Params.from_robot(robot), config)
     assert loss.units == len(gaits) and loss.scored[0]
@@ -208,8 +210,10 @@ def test_a_unit_whose_derivatives_overflow_leaves_the_gradient_finite(default_co
     _, units = unit_gradients(_OverflowingLoss(count_last=True), space, theta)
     assert units[0, 0] > 0 and units[2, 0] == 0
     assert "the gradient of 1 of 2 counted units is not finite" in caplog.text
-    config = SysidConfig(parameters=("motor_speed",), iterations=30, min_iterations=30)
-    result = identify(_OverflowingLoss(count_last=False), space, config)
+    config = SysidConfig().updated(
+        {"parameters": ("motor_speed",), "gradient.iterations": 30, "gradient.min_iterations": 30}
+    )
+    result = identify(_OverflowingLoss(count_last=False), space, config.gradient)
     assert result.values["motor_speed"] == pytest.approx(0.5, abs=0.03)
 
 
@@ -221,7 +225,7 @@ def test_robust_sum_bounds_an_exploding_key_frame() -> None:
 
 def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data, default_configs) -> None:
     robot = default_configs.robot
-    config = SysidConfig(parameters=("motor_speed", "friction"), dt_s=DT, chunk_s=2.0)
+    config = SysidConfig().updated({"parameters": ("motor_speed", "friction"), "dt_s": DT, "loss.chunk_s": 2.0})
     gaits = split_gaits(slow_motor_data, robot, 8.0)
     loss = KeyFrameLoss(engine, robot, {slow_motor_data.name: slow_motor_data}, gaits, Params.from_robot(robot), config)
     candidates = [Params.from_robot(robot, motor_speed=0.5), Params.from_robot(robot, motor_speed=0.7, friction=0.4)]
@@ -231,7 +235,7 @@ def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data
     assert batched.defects.shape == (2, loss.units) and not np.allclose(batched.defects[0], batched.defects[1])
     # the search's penalty: the scored gaits' mean engine-minus-data duration, in duration_sigma_s, squared;
     # the timing: their squared differences, averaged
-    late = [(v.engine_durations_s - v.data_durations_s)[v.scored] / config.duration_sigma_s for v in single]
+    late = [(v.engine_durations_s - v.data_durations_s)[v.scored] / config.search.duration_sigma_s for v in single]
     np.testing.assert_allclose(batched.penalty, [np.mean(x) ** 2 for x in late], rtol=1e-12)
     np.testing.assert_allclose(batched.timing, [np.mean(x**2) for x in late], rtol=1e-12)
     assert np.mean(late[1]) < -1 < 0.5 > abs(np.mean(late[0]))  # truth: 0.5
@@ -242,10 +246,10 @@ def test_population_runs_candidates_as_one_batch_exactly(engine, slow_motor_data
     gave_up = KeyFrameLoss(engine, robot, loss.recordings, gaits, Params.from_robot(robot), config)
     limits = gave_up.timeout[gave_up.timeout > 1.5 * gave_up.tick_s]
     assert limits[k] == pytest.approx(gaits[k].duration_s + gave_up.tick_s)
-    assert limits[k - 1] == pytest.approx(config.duration_cap * gaits[k - 1].duration_s + gave_up.tick_s)
+    assert limits[k - 1] == pytest.approx(config.loss.duration_cap * gaits[k - 1].duration_s + gave_up.tick_s)
     value = gave_up(candidates[1].expand(gave_up.units))
     timed = value.scored & (np.arange(gave_up.units) != k)
-    late = (value.engine_durations_s - value.data_durations_s)[timed] / config.duration_sigma_s
+    late = (value.engine_durations_s - value.data_durations_s)[timed] / config.search.duration_sigma_s
     timed_out = gave_up.population(candidates[1])
     np.testing.assert_allclose(timed_out.penalty, [np.mean(late) ** 2], rtol=1e-12)
     np.testing.assert_allclose(timed_out.timing, [np.mean(late**2)], rtol=1e-12)
@@ -257,7 +261,9 @@ def test_latency_is_chosen_at_each_candidates_best_motor_speed(default_configs) 
     scores it below the others. 24 random targets: with 12, once the rods' end caps and motors
     collided, the true latency's best speed was the grid's 0.891, not 0.792 (noise on few key frames)."""
     robot = with_latency(default_configs.robot, 0.06)
-    config = SysidConfig(parameters=("motor_speed",), dt_s=DT, chunk_s=4.0, mask_filter=False)
+    config = SysidConfig().updated(
+        {"parameters": ("motor_speed",), "dt_s": DT, "loss.chunk_s": 4.0, "loss.mask_filter": False}
+    )
     engine = Engine(RobotModel.from_robot(robot), dt=DT)
     truth = Params.from_robot(robot, motor_speed=0.8)
     data = engine_recording(engine, truth, robot, random_policy(robot, 24, seed=4).targets, caps_noise_m=0.002)
@@ -265,7 +271,7 @@ def test_latency_is_chosen_at_each_candidates_best_motor_speed(default_configs) 
     grid = (0.0, 0.06, 0.12)
 
     def choose(factors: tuple[float, ...]):  # the stage's choice (tasks.sysid.latency_robot)
-        own = config.model_copy(update={"latency_grid_s": grid, "latency_speed_factors": factors})
+        own = config.updated({"latency.grid_s": grid, "latency.speed_factors": factors})
         return latency_robot(robot, {data.name: data}, gaits, own, 8.0)[1]
 
     choice = choose((0.8, 0.9, 1.0))
@@ -299,7 +305,9 @@ class _DivergingKeyFrames:
 def test_search_fits_through_diverging_key_frames_and_profiles_the_widths(default_configs) -> None:
     loss = _DivergingKeyFrames()
     start = Params.from_robot(default_configs.robot, motor_speed=0.8, friction=0.7)
-    config = SysidConfig(parameters=("motor_speed", "friction"), search_generations=40, search_population=8)
+    config = SysidConfig().updated(
+        {"parameters": ("motor_speed", "friction"), "search.generations": 40, "search.population": 8}
+    )
     robot = default_configs.robot
     mean_of_squares = {m: loss.population(Params.from_robot(robot, motor_speed=m)).defects.mean() for m in (0.7, 0.73)}
     assert mean_of_squares[0.73] < mean_of_squares[0.7]  # the plain loss would be fooled
@@ -318,9 +326,11 @@ def test_search_fits_through_diverging_key_frames_and_profiles_the_widths(defaul
 def test_search_that_stops_short_moves_to_its_profiles_minimum(default_configs) -> None:
     loss = _DivergingKeyFrames()
     start = Params.from_robot(default_configs.robot, motor_speed=0.8, friction=0.7)
-    config = SysidConfig(parameters=("motor_speed", "friction"), search_generations=1, search_population=4)
+    config = SysidConfig().updated(
+        {"parameters": ("motor_speed", "friction"), "search.generations": 1, "search.population": 4}
+    )
     space = ParameterSpace(config.parameters, start)
-    stopped = refine(loss, space, config.model_copy(update={"profile_tolerance": 1e9}))  # any point is settled
+    stopped = refine(loss, space, config.updated({"search.profile_tolerance": 1e9}))  # any point is settled
     assert [s.method for s in stopped.history] == ["search"]
     result = refine(loss, space, config)
     methods = [s.method for s in result.history]
@@ -335,29 +345,39 @@ def test_search_that_stops_short_moves_to_its_profiles_minimum(default_configs) 
 
 
 def test_staged_identification_plans_warm_up_gradient_and_search() -> None:
-    once = {"start_refits": 0, "gait_shooting_iterations": 0}
+    once = {"start_fit.refits": 0, "gait_shooting.iterations": 0}
     moves = PROFILE_MOVES  # each search may move its answer to a profile's minimum
-    searched = SysidConfig(iterations=25, warmup_iterations=15, search_generations=15, **once)
+    searched = SysidConfig().updated(
+        {"gradient.iterations": 25, "gradient.warmup_iterations": 15, "search.generations": 15, **once}
+    )
     assert planned_steps(searched) == 15 + 15 + moves
-    only_gradient = SysidConfig(iterations=25, warmup_iterations=15, search_generations=0, **once)
+    only_gradient = SysidConfig().updated(
+        {"gradient.iterations": 25, "gradient.warmup_iterations": 15, "search.generations": 0, **once}
+    )
     assert planned_steps(only_gradient) == 15 + 25
-    mixed = SysidConfig(
-        iterations=25, warmup_iterations=15, search_parameters=("friction",), search_generations=10, **once
+    mixed = SysidConfig().updated(
+        {
+            "gradient.iterations": 25,
+            "gradient.warmup_iterations": 15,
+            "search.parameters": ("friction",),
+            "search.generations": 10,
+            **once,
+        }
     )
     assert planned_steps(mixed) == 15 + 25 + 10 + moves  # motor speed warmed up, then with restitution by gradient
     # each refit of the KFL's start states is followed by the search again (without one: every stage)
-    assert planned_steps(mixed.model_copy(update={"start_refits": 2})) == 15 + 25 + 3 * (10 + moves)
-    assert planned_steps(only_gradient.model_copy(update={"start_refits": 1})) == 2 * (15 + 25)
-    no_fit = {"start_refits": 1, "start_fit_iterations": 0}
-    assert planned_steps(mixed.model_copy(update=no_fit)) == 15 + 25 + 10 + moves
-    assert planned_steps(mixed.model_copy(update={"start_refits": 1, "loss": "last_step"})) == 15 + 25 + 10 + moves
+    assert planned_steps(mixed.updated({"start_fit.refits": 2})) == 15 + 25 + 3 * (10 + moves)
+    assert planned_steps(only_gradient.updated({"start_fit.refits": 1})) == 2 * (15 + 25)
+    no_fit = {"start_fit.refits": 1, "start_fit.iterations": 0}
+    assert planned_steps(mixed.updated(no_fit)) == 15 + 25 + 10 + moves
+    assert planned_steps(mixed.updated({"start_fit.refits": 1, "loss.kind": "last_step"})) == 15 + 25 + 10 + moves
     # gait shooting (KFL only) adds its steps per continuity weight and round
-    shooting = {"gait_shooting_iterations": 4, "gait_shooting_weights": (0.3, 3.0), "gait_shooting_restarts": 0}
-    assert planned_steps(searched.model_copy(update=shooting)) == 15 + 15 + moves + 2 * 4
-    restarted = shooting | {"gait_shooting_restarts": 2}
-    assert planned_steps(searched.model_copy(update=restarted)) == 15 + 15 + moves + 3 * 2 * 4
-    assert planned_steps(only_gradient.model_copy(update=shooting | {"loss": "last_step"})) == 15 + 25
-    assert planned_steps(searched.model_copy(update=shooting | {"gait_shooting_parameters": ()})) == 15 + 15 + moves
+    shooting = {"gait_shooting.iterations": 4, "gait_shooting.weights": (0.3, 3.0), "gait_shooting.restarts": 0}
+    assert planned_steps(searched.updated(shooting)) == 15 + 15 + moves + 2 * 4
+    restarted = shooting | {"gait_shooting.restarts": 2}
+    assert planned_steps(searched.updated(restarted)) == 15 + 15 + moves + 3 * 2 * 4
+    assert planned_steps(only_gradient.updated(shooting | {"loss.kind": "last_step"})) == 15 + 25
+    assert planned_steps(searched.updated(shooting | {"gait_shooting.parameters": ()})) == 15 + 15 + moves
 
 
 @pytest.mark.slow
@@ -373,19 +393,23 @@ def test_motor_speed_experiment_kfl_converges_smoother_than_last_step(engine, sl
     gaits = split_gaits(slow_motor_data, robot, 8.0)
     recordings = {slow_motor_data.name: slow_motor_data}
     start = Params.from_robot(robot)
-    kfl_config = SysidConfig(
-        parameters=("motor_speed",),
-        dt_s=DT,
-        chunk_s=2.0,
-        warmup_iterations=40,
-        search_generations=15,
-        gait_shooting_iterations=0,
+    kfl_config = SysidConfig().updated(
+        {
+            "parameters": ("motor_speed",),
+            "dt_s": DT,
+            "loss.chunk_s": 2.0,
+            "gradient.warmup_iterations": 40,
+            "search.generations": 15,
+            "gait_shooting.iterations": 0,
+        }
     )
     kfl = identify_staged(make_loss(engine, robot, recordings, gaits, start, kfl_config, 8.0), start, kfl_config)
     assert kfl.values["motor_speed"] == pytest.approx(0.5, rel=0.02)
-    last_config = SysidConfig(parameters=("motor_speed",), loss="last_step", dt_s=DT, iterations=40)
+    last_config = SysidConfig().updated(
+        {"parameters": ("motor_speed",), "loss.kind": "last_step", "dt_s": DT, "gradient.iterations": 40}
+    )
     last_loss = make_loss(engine, robot, recordings, gaits, start, last_config, 8.0)
-    last_step = identify(last_loss, ParameterSpace(last_config.parameters, start), last_config)
+    last_step = identify(last_loss, ParameterSpace(last_config.parameters, start), last_config.gradient)
 
     def variation(steps) -> float:
         path = np.array([s.values["motor_speed"] for s in steps if s.method == "gradient"])
@@ -404,10 +428,8 @@ def test_truth_holdout_replays_the_twins_own_values_on_the_held_out_gaits(
     from pipeline.sysid.heldout import SysidData
     from pipeline.truth import truth_holdout
 
-    config = SysidConfig(dt_s=DT, chunk_s=2.0, start_fit_iterations=0)
-    configs = default_configs.model_copy(
-        update={"pipeline": default_configs.pipeline.model_copy(update={"sysid": config})}
-    )
+    config = SysidConfig().updated({"dt_s": DT, "loss.chunk_s": 2.0, "start_fit.iterations": 0})
+    configs = default_configs.model_copy(update={"pipeline": default_configs.pipeline.updated({"sysid": config})})
     gaits = split_gaits(slow_motor_data, default_configs.robot, 8.0)[:7]
     fit, held = split_holdout(gaits, 0.3)
     data = SysidData(default_configs.robot, {slow_motor_data.name: slow_motor_data}, gaits, fit, held)
@@ -444,7 +466,7 @@ def test_split_recordings_holds_out_each_recordings_last_gaits_and_names_empty_d
     every = split_gaits(slow_motor_data, robot, default_configs.pipeline.collect.segment_timeout_s)
     indices = [g.index for g in every]
     assert [g.index for g in data.gaits] == [g.index for g in data.fit + data.held] == indices
-    fraction = default_configs.pipeline.sysid.holdout_fraction
+    fraction = default_configs.pipeline.sysid.data.holdout_fraction
     assert [g.index for g in data.held] == indices[len(indices) - round(fraction * len(indices)) :]
     assert list(data.held_out()) == [slow_motor_data.name]
     with pytest.raises(DataError, match="runs/x/collect: no gait to identify from"):
@@ -467,8 +489,14 @@ def test_recovery_from_a_noisy_random_policy_on_engine_data(default_configs) -> 
         caps_noise_m=0.002,
         cable_noise_m=0.001,
     )
-    config = SysidConfig(
-        parameters=tuple(truth), dt_s=0.005, search_generations=15, start_refits=0, gait_shooting_iterations=12
+    config = SysidConfig().updated(
+        {
+            "parameters": tuple(truth),
+            "dt_s": 0.005,
+            "search.generations": 15,
+            "start_fit.refits": 0,
+            "gait_shooting.iterations": 12,
+        }
     )
     gaits = split_gaits(data, robot, 8.0)
     start = Params.from_robot(robot)
@@ -480,7 +508,7 @@ def test_recovery_from_a_noisy_random_policy_on_engine_data(default_configs) -> 
 
 def test_replay_scores_the_true_engine_better(engine, slow_motor_data, default_configs) -> None:
     robot = default_configs.robot
-    config = SysidConfig(dt_s=DT, chunk_s=2.0, start_fit_iterations=3)
+    config = SysidConfig().updated({"dt_s": DT, "loss.chunk_s": 2.0, "start_fit.iterations": 3})
     gaits = split_gaits(slow_motor_data, robot, 8.0)
     fit, held = split_holdout(gaits, 0.4)
     assert fit and held and fit[-1].end_s == pytest.approx(held[0].start_s)
@@ -564,7 +592,7 @@ def test_a_chunk_whose_last_target_is_never_reached_does_not_hold_up_the_batch(
     """Chunks are padded to the longest one with holds of their last target; where that target
     is never reached, each hold must still end after a tick, not after the gait's timeout."""
     robot = default_configs.robot
-    config = SysidConfig(parameters=("motor_speed",), dt_s=DT, chunk_s=1.0)
+    config = SysidConfig().updated({"parameters": ("motor_speed",), "dt_s": DT, "loss.chunk_s": 1.0})
     gaits = split_gaits(slow_motor_data, robot, 8.0)
     gaits[0] = dataclasses.replace(gaits[0], target=np.full(6, 3.0))  # far outside the cables' range
     loss = KeyFrameLoss(engine, robot, {slow_motor_data.name: slow_motor_data}, gaits, Params.from_robot(robot), config)
@@ -579,7 +607,7 @@ def test_a_chunk_whose_last_target_is_never_reached_does_not_hold_up_the_batch(
     monkeypatch.setattr(losses, "run_windows", spied)
     loss.population(Params.from_robot(robot))
     tick_s = 1.0 / robot.pid.control_rate_hz
-    longest = max(sum(config.duration_cap * g.duration_s + tick_s for g in c) for c in loss.chunks)
+    longest = max(sum(config.loss.duration_cap * g.duration_s + tick_s for g in c) for c in loss.chunks)
     assert ends[0] <= longest + (max(len(c) for c in loss.chunks) + 1) * tick_s
 
 
@@ -591,7 +619,7 @@ def test_exact_start_states_reproduce_the_data_and_lower_the_key_frame_error(eng
     truth = Params.from_robot(robot, motor_speed=0.7, friction=0.5, restitution=0.3)
     targets = random_policy(robot, 8, seed=2).targets
     data = engine_recording(engine, truth, robot, targets, caps_rate_hz=robot.pid.control_rate_hz)
-    config = SysidConfig(parameters=("friction",), dt_s=DT, chunk_s=1.0)
+    config = SysidConfig().updated({"parameters": ("friction",), "dt_s": DT, "loss.chunk_s": 1.0})
     observed = KeyFrameLoss(engine, robot, {data.name: data}, split_gaits(data, robot, 8.0), truth, config)
     assert len(observed.chunks) >= 2
     states = exact_states(engine, truth, robot, targets, [chunk[0].index for chunk in observed.chunks])
@@ -615,7 +643,12 @@ def test_start_residuals_are_the_noise_at_the_engines_own_states(engine, default
     targets = random_policy(robot, 8, seed=2).targets
     data = engine_recording(engine, truth, robot, targets, caps_noise_m=0.002, cable_noise_m=0.001)
     loss = KeyFrameLoss(
-        engine, robot, {data.name: data}, split_gaits(data, robot, 8.0), truth, SysidConfig(dt_s=DT, chunk_s=1.0)
+        engine,
+        robot,
+        {data.name: data},
+        split_gaits(data, robot, 8.0),
+        truth,
+        SysidConfig().updated({"dt_s": DT, "loss.chunk_s": 1.0}),
     )
     exact = exact_states(engine, truth, robot, targets, [chunk[0].index for chunk in loss.chunks])
     leads = [LeadIn(data, chunk[0].start_s, sum(g.duration_s for g in chunk)) for chunk in loss.chunks]
@@ -679,11 +712,13 @@ def test_fitted_starts_carry_the_lead_ins_and_lower_the_key_frame_error(engine, 
         engine, truth, robot, random_policy(robot, 14, seed=2).targets, caps_noise_m=0.002, cable_noise_m=0.001
     )
     gaits = split_gaits(data, robot, 8.0)
-    config = SysidConfig(parameters=("friction",), dt_s=DT, chunk_s=1.0, start_fit_iterations=4)
+    config = SysidConfig().updated(
+        {"parameters": ("friction",), "dt_s": DT, "loss.chunk_s": 1.0, "start_fit.iterations": 4}
+    )
     observed = KeyFrameLoss(engine, robot, {data.name: data}, gaits, truth, config)
     assert not observed.lead_in[0] and observed.lead_in.sum() >= 3
     carried = KeyFrameLoss(
-        engine, robot, {data.name: data}, gaits, truth, config.model_copy(update={"start_fit_iterations": 0})
+        engine, robot, {data.name: data}, gaits, truth, config.updated({"start_fit.iterations": 0})
     ).with_fitted_starts(truth)
     fitted = observed.with_fitted_starts(truth)
     scored_gaits = [g for g, scored in zip(observed.gaits, observed.scored, strict=True) if scored]
@@ -712,13 +747,13 @@ def test_gaits_that_do_not_start_the_recording_begin_with_a_lead_in(engine, defa
     truth = Params.from_robot(robot)
     data = engine_recording(engine, truth, robot, random_policy(robot, 8, seed=2).targets)
     gaits = split_gaits(data, robot, 8.0)
-    config = SysidConfig(parameters=("friction",), dt_s=DT, chunk_s=1.0)
+    config = SysidConfig().updated({"parameters": ("friction",), "dt_s": DT, "loss.chunk_s": 1.0})
     whole = KeyFrameLoss(engine, robot, {data.name: data}, gaits, truth, config)
     later = KeyFrameLoss(engine, robot, {data.name: data}, gaits[3:], truth, config)
     assert not whole.lead_in[0] and whole.lead_in[1:].all()
     assert later.chunks[0][0] is gaits[3] and later.lead_in.all()
-    short = {"chunk_s": 0.05}  # shorter than any gait: one gait per chunk
-    led = KeyFrameLoss(engine, robot, {data.name: data}, gaits[3:], truth, config.model_copy(update=short), gaits[2])
+    short = {"loss.chunk_s": 0.05}  # shorter than any gait: one gait per chunk
+    led = KeyFrameLoss(engine, robot, {data.name: data}, gaits[3:], truth, config.updated(short), gaits[2])
     assert [len(c) for c in led.chunks[:2]] == [2, 1] and led.chunks[0][0] is gaits[2] and led.chunks[0][1] is gaits[3]
     assert led.lead_in.all() and not led.scored[0] and led.scored[1]
 
@@ -732,7 +767,7 @@ def test_replay_runs_the_gait_before_the_held_out_ones_as_their_lead_in(
     import pipeline.sysid.validate as validate
 
     robot = default_configs.robot
-    config = SysidConfig(dt_s=DT, chunk_s=2.0, start_fit_iterations=0)
+    config = SysidConfig().updated({"dt_s": DT, "loss.chunk_s": 2.0, "start_fit.iterations": 0})
     gaits = split_gaits(slow_motor_data, robot, 8.0)
     seen = []
 
@@ -760,16 +795,18 @@ def test_staged_identification_refits_the_starts_at_its_estimate(
     """With ``start_refits``, the first search runs on the settled starts; then, each time, the
     starts are fitted at the estimate so far and the search runs again from it."""
     robot = default_configs.robot
-    config = SysidConfig(
-        parameters=("motor_speed",),
-        dt_s=DT,
-        chunk_s=1.0,
-        warmup_iterations=0,
-        search_generations=1,
-        search_population=2,
-        start_refits=2,
-        start_fit_iterations=1,
-        gait_shooting_iterations=0,
+    config = SysidConfig().updated(
+        {
+            "parameters": ("motor_speed",),
+            "dt_s": DT,
+            "loss.chunk_s": 1.0,
+            "gradient.warmup_iterations": 0,
+            "search.generations": 1,
+            "search.population": 2,
+            "start_fit.refits": 2,
+            "start_fit.iterations": 1,
+            "gait_shooting.iterations": 0,
+        }
     )
     start = Params.from_robot(robot)
     gaits = split_gaits(slow_motor_data, robot, 8.0)

@@ -35,17 +35,26 @@ def two_recordings(default_configs):
     return engine, recordings, gaits
 
 
-def _problem(default_configs, two_recordings, friction: float, **config: object) -> tuple[GaitShooting, KeyFrameLoss]:
+def _problem(
+    default_configs, two_recordings, friction: float, **gait_shooting: object
+) -> tuple[GaitShooting, KeyFrameLoss]:
     engine, recordings, gaits = two_recordings
     robot = default_configs.robot
-    sysid = SysidConfig(parameters=("friction",), dt_s=DT, gait_shooting_weights=(1.0,), **config)
+    sysid = SysidConfig().updated(
+        {
+            "parameters": ("friction",),
+            "dt_s": DT,
+            "gait_shooting.weights": (1.0,),
+            **{f"gait_shooting.{k}": v for k, v in gait_shooting.items()},
+        }
+    )
     start = Params.from_robot(robot, friction=friction)
     loss = KeyFrameLoss(engine, robot, recordings, list(reversed(gaits)), start, sysid)
     return GaitShooting(loss, ParameterSpace(("friction",), start), sysid), loss
 
 
 def test_windows_are_joined_only_within_a_recording(default_configs, two_recordings) -> None:
-    problem, _ = _problem(default_configs, two_recordings, TRUE_FRICTION, gait_shooting_iterations=1)
+    problem, _ = _problem(default_configs, two_recordings, TRUE_FRICTION, iterations=1)
     counts = {name: sum(g.recording == name for g in problem.gaits) for name in ("a", "b")}
     assert [(g.recording, g.index) for g in problem.gaits] == sorted((g.recording, g.index) for g in problem.gaits)
     expected = [True] * (counts["a"] - 1) + [False] + [True] * (counts["b"] - 1)
@@ -56,12 +65,12 @@ def test_windows_are_joined_only_within_a_recording(default_configs, two_recordi
     assert float(defects[counts["a"] - 1].abs().max()) == 0.0  # the last gait of a is not continued by b's first
     assert float(defects[torch.as_tensor(problem.joined)].abs().amax(1).min()) > 0
     # at the truth the data residuals are the settled starts' errors only: far below a wrong friction's
-    wrong, _ = _problem(default_configs, two_recordings, 0.8, gait_shooting_iterations=1)
+    wrong, _ = _problem(default_configs, two_recordings, 0.8, iterations=1)
     assert float((data**2).sum()) < float((wrong.evaluate(z, np.zeros(1))[0] ** 2).sum())
 
 
 def test_shooting_moves_friction_toward_the_truth_and_lowers_its_cost(default_configs, two_recordings) -> None:
-    problem, _ = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=6, gait_shooting_restarts=0)
+    problem, _ = _problem(default_configs, two_recordings, 0.6, iterations=6, restarts=0)
     fit = problem.solve()
     history = fit.identification.history
     assert 1 <= len(history) <= 6 and {s.method for s in history} == {"shooting"}
@@ -78,7 +87,7 @@ def test_a_window_whose_engine_run_diverges_is_dropped_and_the_rest_still_solve(
     """One window's settled start is not finite (its settling diverged): the window is dropped,
     with a warning, and joined to neither neighbour; the others still move friction toward the
     truth. Without the drop, its NaN residuals made every cost NaN and the answer NaN."""
-    problem, _ = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=6, gait_shooting_restarts=0)
+    problem, _ = _problem(default_configs, two_recordings, 0.6, iterations=6, restarts=0)
     broken = 2
     assert problem.joined[broken - 1] and problem.joined[broken]
     problem.initial.starts.state.vel[broken] = float("nan")
@@ -99,12 +108,12 @@ def test_a_window_whose_engine_run_diverges_is_dropped_and_the_rest_still_solve(
 def test_a_restart_shoots_again_from_starts_settled_at_the_answer(default_configs, two_recordings) -> None:
     """With one restart, the second round begins at the first round's answer with the starts
     settled there and unperturbed: its first cost is that of a fresh problem started there."""
-    problem, _ = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=1, gait_shooting_restarts=1)
+    problem, _ = _problem(default_configs, two_recordings, 0.6, iterations=1, restarts=1)
     history = problem.solve().identification.history
     assert len(history) == 2 and history[0].values["friction"] == pytest.approx(0.6)
     answer = history[1].values["friction"]
     assert answer != pytest.approx(0.6, abs=1e-3)
-    fresh, _ = _problem(default_configs, two_recordings, answer, gait_shooting_iterations=1, gait_shooting_restarts=0)
+    fresh, _ = _problem(default_configs, two_recordings, answer, iterations=1, restarts=0)
     first = fresh.solve().identification.history[0]
     assert first.values["friction"] == pytest.approx(answer)
     assert history[1].loss == pytest.approx(first.loss, rel=1e-9)
@@ -112,22 +121,24 @@ def test_a_restart_shoots_again_from_starts_settled_at_the_answer(default_config
 
 def test_staged_identification_ends_with_shooting_when_asked(default_configs, two_recordings) -> None:
     _, loss = _problem(default_configs, two_recordings, 0.6)
-    config = SysidConfig(
-        parameters=("friction",),
-        dt_s=DT,
-        iterations=1,
-        min_iterations=1,
-        warmup_iterations=0,
-        search_generations=0,
-        start_refits=0,
-        gait_shooting_iterations=1,
-        gait_shooting_weights=(1.0,),
-        gait_shooting_restarts=0,
+    config = SysidConfig().updated(
+        {
+            "parameters": ("friction",),
+            "dt_s": DT,
+            "gradient.iterations": 1,
+            "gradient.min_iterations": 1,
+            "gradient.warmup_iterations": 0,
+            "search.generations": 0,
+            "start_fit.refits": 0,
+            "gait_shooting.iterations": 1,
+            "gait_shooting.weights": (1.0,),
+            "gait_shooting.restarts": 0,
+        }
     )
     start = Params.from_robot(default_configs.robot, friction=0.6)
     result = identify_staged(loss, start, config)
     assert [s.method for s in result.history] == ["gradient", "shooting"]
-    gradient_only = identify_staged(loss, start, config.model_copy(update={"gait_shooting_iterations": 0}))
+    gradient_only = identify_staged(loss, start, config.updated({"gait_shooting.iterations": 0}))
     assert [s.method for s in gradient_only.history] == ["gradient"]
     assert result.history[1].values["friction"] == pytest.approx(gradient_only.values["friction"])  # it goes on
     assert result.values["friction"] == float(result.params.friction[0]) != gradient_only.values["friction"]
@@ -138,7 +149,7 @@ def test_normal_equations_are_the_stacked_jacobians(default_configs, two_recordi
     (data, start priors, weighted continuity, parameter priors) stacked densely, and the step
     (banded starts, Schur complement of the parameters) solves the damped dense equations."""
     weight = 3.0
-    _, loss = _problem(default_configs, two_recordings, 0.6, gait_shooting_iterations=1)
+    _, loss = _problem(default_configs, two_recordings, 0.6, iterations=1)
     start = Params.from_robot(default_configs.robot, friction=0.6)
     space = ParameterSpace(("friction",), start, priors={"friction": PriorConfig(value=0.55, scale=0.1)})
     problem = GaitShooting(loss, space, loss.config)

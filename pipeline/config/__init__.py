@@ -7,7 +7,7 @@ Three kinds of file live under ``configs/``:
 * ``hardware/*.yaml`` -> :class:`TwinConfig`: the MuJoCo twin's hidden "true"
   physical parameters. Only the twin backend and evaluation code read it.
 * ``pipeline/*.yaml`` -> :class:`PipelineConfig`: which robot and hardware to use,
-  where runs go, and per-stage settings.
+  where runs go, and per-stage settings (``sysid`` nested by the steps of identification).
 
 All lengths are in metres, masses in kg, times in s, angles in rad unless a field
 name says otherwise. Unknown keys are rejected so typos fail before anything runs.
@@ -40,17 +40,26 @@ from pipeline.config.stages import (
     AttachConfig,
     CollectConfig,
     EngineConfig,
-    EngineParameter,
     GaitsConfig,
     GaitSearchConfig,
     PipelineConfig,
-    PriorConfig,
     RandomPolicyConfig,
     RedeployConfig,
     RunnerConfig,
     StartPoseConfig,
-    SysidConfig,
     TrackConfig,
+)
+from pipeline.config.sysid import (
+    EngineParameter,
+    GaitShootingConfig,
+    GradientConfig,
+    LatencyConfig,
+    ParameterSearchConfig,
+    PriorConfig,
+    StartFitConfig,
+    SysidConfig,
+    SysidDataConfig,
+    SysidLossConfig,
 )
 from pipeline.config.twin import (
     CameraConfig,
@@ -76,12 +85,16 @@ __all__ = [
     "FeasibilityConfig",
     "Fraction",
     "GaitSearchConfig",
+    "GaitShootingConfig",
     "GaitsConfig",
+    "GradientConfig",
     "GroundConfig",
+    "LatencyConfig",
     "LoadedConfigs",
     "MotorConfig",
     "NonNegative",
     "PIDConfig",
+    "ParameterSearchConfig",
     "PassiveCableConfig",
     "PipelineConfig",
     "Positive",
@@ -92,9 +105,12 @@ __all__ = [
     "RodConfig",
     "RunnerConfig",
     "SensorConfig",
+    "StartFitConfig",
     "StartPoseConfig",
     "StrictModel",
     "SysidConfig",
+    "SysidDataConfig",
+    "SysidLossConfig",
     "TopologyConfig",
     "TrackConfig",
     "TwinCableConfig",

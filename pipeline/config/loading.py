@@ -18,6 +18,7 @@ from pipeline.config.twin import TwinConfig
 from pipeline.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+S = TypeVar("S", bound=StrictModel)
 
 
 def _format_validation_error(path: Path, error: ValidationError) -> str:
@@ -96,21 +97,12 @@ def load_all(pipeline_path: str | Path, overrides: dict[str, object] | None = No
     return LoadedConfigs(pipeline=pipeline, robot=robot, twin=twin, pipeline_path=pipeline_path)
 
 
-def apply_overrides(config: M, overrides: dict[str, object], source: Path) -> M:
+def apply_overrides(config: S, overrides: dict[str, object], source: Path) -> S:
     """Return ``config`` with dotted-key overrides applied and re-validated."""
-    data = config.model_dump(mode="json")
-    for key, value in overrides.items():
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            if not isinstance(node, dict) or part not in node:
-                raise ConfigError(f"{source}: override '{key}': no field '{part}'")
-            node = node[part]
-        if not isinstance(node, dict) or parts[-1] not in node:
-            raise ConfigError(f"{source}: override '{key}': no field '{parts[-1]}'")
-        node[parts[-1]] = value
     try:
-        return type(config).model_validate(data)
+        return config.updated(overrides)
+    except KeyError as exc:
+        raise ConfigError(f"{source}: override {exc.args[0]}") from exc
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(source, exc)) from exc
 

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from pipeline.config.base import Fraction, Positive, StrictModel
-from pipeline.parameter_specs import NAMES
+from pipeline.config.sysid import SysidConfig
 
 
 class RandomPolicyConfig(StrictModel):
@@ -59,144 +59,6 @@ class AttachConfig(StrictModel):
     )
     every_iteration: bool = Field(
         default=False, description="Infer the attachment points in every iteration (default: iteration 1's are reused)."
-    )
-
-
-EngineParameter = Literal[NAMES]
-"""Names of the engine's identifiable parameters (:data:`pipeline.parameter_specs.NAMES`)."""
-
-
-class PriorConfig(StrictModel):
-    """A measured value of a parameter and how far to trust it (the sim-to-real notes' prior-regularised fit)."""
-
-    value: float = Field(description="Prior mean, in the parameter's SI unit.")
-    scale: Positive = Field(description="Prior standard deviation, same unit.")
-
-
-class SysidConfig(StrictModel):
-    """System identification (``sysid`` stage): Key Frame Loss and the alternatives of the R2S2R paper."""
-
-    parameters: tuple[EngineParameter, ...] = Field(
-        default=("motor_speed", "friction", "restitution"), min_length=1, description="Parameters to identify."
-    )
-    warmup_parameters: tuple[EngineParameter, ...] = Field(
-        default=("motor_speed",), description="Identified alone first (those also in `parameters`)."
-    )
-    warmup_iterations: Annotated[int, Field(ge=0)] = Field(default=0, description="Steps of the warm-up (0: none).")
-    loss: Literal["kfl", "last_step", "all_step", "multiple_shooting"] = "kfl"
-    shooting_windows: Annotated[int, Field(ge=1)] = Field(default=4, description="Windows of multiple shooting.")
-    mask_filter: bool = Field(default=True, description="KFL: keep only key frames that agree with the total time.")
-    monotonic_only: bool = Field(default=False, description="Drop gaits in which a cable's command changed sign.")
-    lr: Positive = Field(default=0.1, description="Adam learning rate, in units of each parameter's scale.")
-    adam_betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
-        default=(0.5, 0.9), description="Adam's moment decays (less momentum than the usual (0.9, 0.999))."
-    )
-    unit_clip: Annotated[float, Field(gt=0)] = Field(
-        default=3.0, description="Clip each key frame's gradient to this times the median key-frame gradient norm."
-    )
-    average_last: Annotated[int, Field(ge=1)] = Field(
-        default=5, description="Report the mean of the last this many iterates."
-    )
-    lr_decay: Annotated[float, Field(gt=0, le=1)] = Field(default=0.93, description="Learning-rate factor per step.")
-    iterations: Annotated[int, Field(ge=1)] = 25
-    min_iterations: Annotated[int, Field(ge=1)] = 10
-    tolerance: Positive = Field(
-        default=2e-3, description="Converged when no parameter moved more than this (in scales) for `patience` steps."
-    )
-    patience: Annotated[int, Field(ge=1)] = 5
-    dt_s: Positive = Field(default=0.005, description="Engine time step for identification (s).")
-    position_sigma_m: Positive = Field(default=0.005, description="Std of a tracked end cap, weighting defects (m).")
-    duration_cap: Annotated[float, Field(ge=1)] = Field(
-        default=1.25, description="KFL: an engine gait runs at most this times the data gait's duration."
-    )
-    chunk_s: Positive = Field(
-        default=2.0, description="KFL: consecutive gaits run as one engine rollout of about this much data (s)."
-    )
-    settle_s: Positive = Field(default=0.3, description="Settling time of each window's start state (s).")
-    start_fit_iterations: Annotated[int, Field(ge=0)] = Field(
-        default=8,
-        description="KFL: Levenberg-Marquardt steps fitting each lead-in chunk's start state to the data "
-        "after it, before it is carried through the lead-in (0: carried from the settled observed start).",
-    )
-    start_fit_span_s: Positive = Field(
-        default=0.6, description="KFL: the data a start state is fitted to, at most this long into the lead-in (s)."
-    )
-    start_fit_caps_sigma_m: Positive = Field(
-        default=0.002, description="KFL start fit: std of a tracked end cap (m), the tracking noise."
-    )
-    start_fit_cable_sigma_m: Positive = Field(
-        default=0.001, description="KFL start fit: std of a sensed cable length (m), the sensor noise."
-    )
-    start_refits: Annotated[int, Field(ge=0)] = Field(
-        default=0,
-        description="KFL: fit the lead-in start states at the estimate, carry them through the lead-ins and "
-        "search again, this many times (the first search runs on the settled starts).",
-    )
-    gait_shooting_iterations: Annotated[int, Field(ge=0)] = Field(
-        default=12,
-        description="KFL: Levenberg-Marquardt steps per continuity weight and round of gait-wise multiple "
-        "shooting after the search (every fitted gait one window with its start state free; "
-        "pipeline.sysid.shooting). 0: off.",
-    )
-    gait_shooting_weights: tuple[Positive, ...] = Field(
-        default=(0.3,),
-        min_length=1,
-        description="Gait shooting: the continuity weights, in order (one round per weight).",
-    )
-    gait_shooting_restarts: Annotated[int, Field(ge=0)] = Field(
-        default=1,
-        description="Gait shooting: run the weights again this many times, from start states settled at the "
-        "answer (the first round's start fits hold the parameters near where they were fitted).",
-    )
-    gait_shooting_parameters: tuple[EngineParameter, ...] = Field(
-        default=("motor_speed", "friction", "restitution"),
-        description="Refined by gait shooting (those also in `parameters`).",
-    )
-    data_window: Annotated[int, Field(ge=1)] | None = Field(
-        default=None, description="Identify from the trajectories of the last this many iterations (null: all so far)."
-    )
-    holdout_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
-        default=0.3, description="Last fraction of each trajectory's gaits held out for validation."
-    )
-    latency_grid_s: tuple[Annotated[float, Field(ge=0)], ...] = Field(
-        default=(0.0, 0.02, 0.04, 0.06, 0.08, 0.1),
-        description="Control latencies tried before the gradient fit (s); the best goes to pid.latency_s. "
-        "Empty: keep the robot config's.",
-    )
-    latency_speed_factors: tuple[Positive, ...] = Field(
-        default=(0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2),
-        min_length=1,
-        description="Each latency of latency_grid_s is scored at its best motor speed among the start's "
-        "times these factors (a latency and the motor speed trade off in the gaits' timing).",
-    )
-    search_parameters: tuple[EngineParameter, ...] = Field(
-        default=("motor_speed", "friction", "restitution"),
-        description="Fitted by CMA-ES on the robust KFL after the gradient stages (those also in `parameters`).",
-    )
-    search_generations: Annotated[int, Field(ge=0)] = Field(
-        default=12, description="CMA-ES generations (each one engine batch); 0: every parameter by gradient."
-    )
-    search_population: Annotated[int, Field(ge=2)] = Field(default=8, description="CMA-ES samples per generation.")
-    search_sigma: Positive = Field(default=0.1, description="CMA-ES initial step, in parameter scales.")
-    search_seed: Annotated[int, Field(ge=0)] = Field(default=0, description="Seed of the CMA-ES sampling.")
-    duration_sigma_s: Positive = Field(
-        default=0.02,
-        description="KFL search: scale of the mean difference of engine and data gait durations (s) in the "
-        "timing penalty (difference / this)^2.",
-    )
-    duration_weight: Annotated[float, Field(ge=0)] = Field(
-        default=1.0, description="KFL search: weight of the timing penalty (0: key frames alone)."
-    )
-    robust_scale: Positive = Field(
-        default=4.0,
-        description="Search loss per key frame d / (1 + d / this), d the squared defect in position_sigma_m units.",
-    )
-    profile_tolerance: Positive = Field(
-        default=0.05, description="Profile width: values whose robust loss is within this fraction of the minimum."
-    )
-    priors: dict[EngineParameter, PriorConfig] = Field(default_factory=dict)
-    scales: dict[EngineParameter, Positive] = Field(
-        default_factory=dict, description="Override a parameter's optimisation scale (SI unit, or log for log-scaled)."
     )
 
 
@@ -334,8 +196,8 @@ class EngineConfig(StrictModel):
     compiled: bool = Field(
         default=True,
         description="Run the engine's steps without gradients (searches, finite differences, replays) "
-        "through torch.compile: 1.8-4.3 times faster steps (64-4096 environments) for 40-55 s of compiling "
-        "once per process (10-30 s with a warm inductor cache). Steps with gradients always run eagerly.",
+        "through torch.compile: faster steps for a compile once per process (docs/physics.md). Steps with "
+        "gradients always run eagerly.",
     )
 
 

@@ -6,11 +6,11 @@ edge in one execution and not in the other. Both break gradient descent for
 friction and restitution: their gradients drift, and a mean of squared defects is
 dominated by the few key frames where the engine and the data diverge, so it
 prefers whatever parameters make the dynamics least eventful (restitution driven
-to zero). :func:`refine` therefore fits ``config.search_parameters`` (by default
+to zero). :func:`refine` therefore fits ``config.search.parameters`` (by default
 the contact parameters and, from the warm-up's value, the motor speed) with CMA-ES
 (the ``cma`` package) on the *robust* loss
 
-    rho(d) = d / (1 + d / c),    c = ``config.robust_scale``
+    rho(d) = d / (1 + d / c),    c = ``config.search.robust_scale``
 
 per key frame (``d`` the weighted squared defect, in units of ``position_sigma_m``
 squared), averaged over the scored key frames, plus the loss's own penalty (the
@@ -18,13 +18,13 @@ KFL's: the mean timing difference of its gaits, which pins the motor speed) and
 the prior per key frame.
 A typical key frame counts quadratically; a diverged one counts ``c`` at most,
 whatever its size. Each generation is one engine batch: the distribution's mean
-and its ``config.search_population`` samples run together
+and its ``config.search.population`` samples run together
 (:meth:`~pipeline.sysid.losses.KeyFrameLoss.population`).
 
 :func:`profiles_through` then reports how well the data pins each searched parameter
 down: the robust loss along each parameter alone, from -30 % to +30 % of the
 answer (one batch), and the range of values whose loss is within
-``config.profile_tolerance`` (relative) of the profile's minimum. A parameter the
+``config.search.profile_tolerance`` (relative) of the profile's minimum. A parameter the
 key frames hardly see (friction in quasi-static rolling) has a wide range. A profile
 point that scores lower than the answer (a short search that had not settled) becomes
 the answer, and the profiles run again through it.
@@ -61,11 +61,11 @@ def refine(
     config: SysidConfig,
     progress: Callable[[Step], None] | None = None,
 ) -> Identification:
-    """CMA-ES over ``space`` from its start for ``config.search_generations`` generations.
+    """CMA-ES over ``space`` from its start for ``config.search.generations`` generations.
 
     The answer is the distribution's final mean (or the start, if that scored lower on the
     robust loss). Where a point on one of its profiles (:func:`profiles_through`) scores lower by
-    more than ``config.profile_tolerance``, the search had not settled: the answer moves there
+    more than ``config.search.profile_tolerance``, the search had not settled: the answer moves there
     and is profiled again, ``PROFILE_MOVES`` times at most. Returns it with a history of one
     step per generation (the mean's values and robust loss, the step size in ``lr``, no
     gradient) and one per move (``method="profile"``, ``lr`` the profile's span), and each
@@ -74,11 +74,11 @@ def refine(
     began = time.perf_counter()
     strategy = cma.CMAEvolutionStrategy(
         space.initial().numpy(),
-        config.search_sigma,
+        config.search.sigma,
         {
             "bounds": [space.lower.numpy(), space.upper.numpy()],
-            "popsize": config.search_population,
-            "seed": config.search_seed + 1,
+            "popsize": config.search.population,
+            "seed": config.search.seed + 1,
             "verbose": -9,
         },
     )
@@ -86,7 +86,7 @@ def refine(
     scored = np.asarray(loss_fn.scored, dtype=bool)
     history: list[Step] = []
     start_score = np.inf
-    for generation in range(config.search_generations):
+    for generation in range(config.search.generations):
         mean = strategy.result.xfavorite
         samples = strategy.ask()
         thetas = [space.project(torch.tensor(x, dtype=torch.float64)) for x in [mean, *samples]]
@@ -121,7 +121,7 @@ def refine(
         final = space.initial()
     profile = profiles_through(loss_fn, space, final, config)
     for move in range(PROFILE_MOVES):
-        if profile.settled(config.profile_tolerance):
+        if profile.settled(config.search.profile_tolerance):
             break
         final, step = profile.best(iteration=len(history), wall_s=time.perf_counter() - began)
         history.append(step)
@@ -129,7 +129,7 @@ def refine(
             progress(step)
         log.info("sysid: a profile scored lower than the search's answer; moved to %s (%d)", step.values, move + 1)
         profile = profiles_through(loss_fn, space, final, config)
-    if not profile.settled(config.profile_tolerance):
+    if not profile.settled(config.search.profile_tolerance):
         log.warning("sysid: the answer is still not its profiles' minimum after %d moves", PROFILE_MOVES)
     return Identification.at(
         space,
@@ -137,7 +137,7 @@ def refine(
         history=history,
         converged=False,
         wall_s=time.perf_counter() - began,
-        profile=profile.widths(config.profile_tolerance),
+        profile=profile.widths(config.search.profile_tolerance),
     )
 
 
@@ -232,4 +232,4 @@ def profiles_through(
 def search_scores(defects: np.ndarray, penalties: np.ndarray, config: SysidConfig) -> np.ndarray:
     """Search score (P,) of candidates: robust loss of their scored defects (P, K) plus their
     penalties (P,) (the loss's own and the prior per unit)."""
-    return robust_defects(defects, config.robust_scale).mean(-1) + penalties
+    return robust_defects(defects, config.search.robust_scale).mean(-1) + penalties

@@ -41,15 +41,15 @@ class SysidData:
 def split_recordings(
     configs: LoadedConfigs, robot: RobotConfig, recordings: dict[str, Recording], source: str
 ) -> SysidData:
-    """``recordings`` split into gaits (only the monotonic ones with ``sysid.monotonic_only``),
-    the last ``sysid.holdout_fraction`` of each held out; ``source`` names the data in the error
+    """``recordings`` split into gaits (only the monotonic ones with ``sysid.data.monotonic_only``),
+    the last ``sysid.data.holdout_fraction`` of each held out; ``source`` names the data in the error
     raised when no gait is left to identify from."""
     config = configs.pipeline.sysid
     timeout_s = configs.pipeline.collect.segment_timeout_s
     gaits = [g for r in recordings.values() for g in split_gaits(r, robot, timeout_s)]
-    if config.monotonic_only:
+    if config.data.monotonic_only:
         gaits = [g for g in gaits if g.monotonic]
-    fit, held = split_holdout(gaits, config.holdout_fraction)
+    fit, held = split_holdout(gaits, config.data.holdout_fraction)
     if not fit:
         raise DataError(f"{source}: no gait to identify from")
     return SysidData(robot, recordings, gaits, fit, held)

@@ -38,7 +38,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from pipeline.config import SysidConfig
+from pipeline.config import GradientConfig, SysidConfig
 from pipeline.physics.params import Params
 from pipeline.sysid.evolution import PROFILE_MOVES, refine
 from pipeline.sysid.losses import KeyFrameLoss, LossValue, TrajectoryLoss
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 def identify(
     loss_fn: TrajectoryLoss,
     space: ParameterSpace,
-    config: SysidConfig,
+    config: GradientConfig,
     progress: Callable[[Step], None] | None = None,
 ) -> Identification:
     """Minimise ``loss_fn`` over ``space``'s parameters; ``progress`` is called after every step
@@ -174,24 +174,24 @@ def identify_staged(
 ) -> Identification:
     """Identify ``config.parameters`` from ``start`` (one environment) in stages:
 
-    1. a warm-up that fits ``config.warmup_parameters`` alone by gradient for
-       ``config.warmup_iterations`` steps. Timing parameters (motor speed) decide which key
+    1. a warm-up that fits ``config.gradient.warmup_parameters`` alone by gradient for
+       ``config.gradient.warmup_iterations`` steps. Timing parameters (motor speed) decide which key
        frames are compared at all; while they are far off, the other parameters' gradients
        mostly answer the timing error, so they are fitted first;
-    2. :func:`identify` (gradient) of the parameters not in ``config.search_parameters``;
+    2. :func:`identify` (gradient) of the parameters not in ``config.search.parameters``;
     3. :func:`~pipeline.sysid.evolution.refine` (CMA-ES on the robust loss) of those in
-       ``config.search_parameters``, from the values the gradient stages reached (a warmed-up
+       ``config.search.parameters``, from the values the gradient stages reached (a warmed-up
        parameter may be searched again: the warm-up only gives the search its start).
 
-    With the Key Frame Loss and ``config.start_fit_iterations``, the lead-in chunks' start states
-    are then ``config.start_refits`` times fitted at the estimate and carried through the
+    With the Key Frame Loss and ``config.start_fit.iterations``, the lead-in chunks' start states
+    are then ``config.start_fit.refits`` times fitted at the estimate and carried through the
     lead-ins (:meth:`~pipeline.sysid.losses.KeyFrameLoss.with_fitted_starts`), each time followed
     by the search again (or, without a search, the gradient stages). The first pass uses the
     settled starts: a fit at parameters far from the data's (the nominal motor speed) would bend
     them.
 
-    With the Key Frame Loss and ``config.gait_shooting_iterations``, gait-wise multiple shooting
-    (:class:`~pipeline.sysid.shooting.GaitShooting`) then refines ``config.gait_shooting_parameters``
+    With the Key Frame Loss and ``config.gait_shooting.iterations``, gait-wise multiple shooting
+    (:class:`~pipeline.sysid.shooting.GaitShooting`) then refines ``config.gait_shooting.parameters``
     from there, with every fitted gait's start state free; the search's profile widths of those
     parameters are dropped (they describe the search's answer).
 
@@ -204,8 +204,8 @@ def identify_staged(
     profile: dict[str, tuple[float, float]] = {}
     current = start
     converged = True
-    fits_starts = isinstance(loss_fn, KeyFrameLoss) and config.start_fit_iterations > 0
-    for fit_round in range(1 + (config.start_refits if fits_starts else 0)):
+    fits_starts = isinstance(loss_fn, KeyFrameLoss) and config.start_fit.iterations > 0
+    for fit_round in range(1 + (config.start_fit.refits if fits_starts else 0)):
         if fit_round > 0:
             loss_fn = loss_fn.with_fitted_starts(current)
         for names, stage_config in stages if fit_round == 0 or not searched else []:
@@ -244,32 +244,32 @@ def planned_steps(config: SysidConfig) -> int:
     """The most steps :func:`identify_staged` takes with ``config`` (gradient steps, generations
     and the search's profile moves, :data:`~pipeline.sysid.evolution.PROFILE_MOVES`)."""
     searched, stages = _plan(config)
-    refits = config.start_refits if config.loss == "kfl" and config.start_fit_iterations else 0
+    refits = config.start_fit.refits if config.loss.kind == "kfl" and config.start_fit.iterations else 0
     gradient_steps = sum(c.iterations for _, c in stages)
-    weight_passes = (1 + config.gait_shooting_restarts) * len(config.gait_shooting_weights)
-    shooting_steps = weight_passes * config.gait_shooting_iterations if _shot(config) else 0
+    weight_passes = (1 + config.gait_shooting.restarts) * len(config.gait_shooting.weights)
+    shooting_steps = weight_passes * config.gait_shooting.iterations if _shot(config) else 0
     if searched:
-        return gradient_steps + (1 + refits) * (config.search_generations + PROFILE_MOVES) + shooting_steps
+        return gradient_steps + (1 + refits) * (config.search.generations + PROFILE_MOVES) + shooting_steps
     return (1 + refits) * gradient_steps + shooting_steps
 
 
 def _shot(config: SysidConfig) -> tuple[str, ...]:
     """The parameters gait shooting refines with ``config`` (none: it is off)."""
-    if config.loss != "kfl" or config.gait_shooting_iterations == 0:
+    if config.loss.kind != "kfl" or config.gait_shooting.iterations == 0:
         return ()
-    return tuple(n for n in config.parameters if n in config.gait_shooting_parameters)
+    return tuple(n for n in config.parameters if n in config.gait_shooting.parameters)
 
 
-def _plan(config: SysidConfig) -> tuple[tuple[str, ...], list[tuple[tuple[str, ...], SysidConfig]]]:
-    """The searched parameters and the gradient stages (parameters, config) of ``config``."""
-    searched = tuple(n for n in config.parameters if n in config.search_parameters) if config.search_generations else ()
+def _plan(config: SysidConfig) -> tuple[tuple[str, ...], list[tuple[tuple[str, ...], GradientConfig]]]:
+    """The searched parameters and the gradient stages (parameters, their gradient config) of ``config``."""
+    searched = tuple(n for n in config.parameters if n in config.search.parameters) if config.search.generations else ()
     by_gradient = tuple(n for n in config.parameters if n not in searched)
-    warmup = tuple(n for n in config.warmup_parameters if n in config.parameters)
+    warmup = tuple(n for n in config.gradient.warmup_parameters if n in config.parameters)
     stages = []
-    if warmup and config.warmup_iterations > 0 and set(warmup) != set(by_gradient):
-        stages.append((warmup, config.model_copy(update={"iterations": config.warmup_iterations})))
+    if warmup and config.gradient.warmup_iterations > 0 and set(warmup) != set(by_gradient):
+        stages.append((warmup, config.gradient.updated({"iterations": config.gradient.warmup_iterations})))
     if by_gradient:
-        stages.append((by_gradient, config))
+        stages.append((by_gradient, config.gradient))
     return searched, stages
 
 

@@ -7,7 +7,7 @@ faster motor), so scoring each candidate at the start's motor speed picks whiche
 latency best excuses the start's speed error. Each candidate is therefore scored at
 its own best motor speed among the start's times each of ``speed_factors`` (one engine
 batch). The score is the search's robust key-frame loss
-(:func:`~pipeline.sysid.evolution.search_scores`) plus ``config.duration_weight`` times
+(:func:`~pipeline.sysid.evolution.search_scores`) plus ``config.search.duration_weight`` times
 the loss's *timing*, the mean squared difference of the gaits' durations: a latency
 delays every gait by the same time, a motor speed in proportion to the gait's travel,
 so the spread of the gaits' timing errors tells them apart where the search's pooled
@@ -60,7 +60,7 @@ def best_latency(
         loss = build(float(latency))
         population = loss.population(profile)
         scored = np.asarray(loss.scored, dtype=bool)
-        each = search_scores(population.defects[:, scored], config.duration_weight * population.timing, config)
+        each = search_scores(population.defects[:, scored], config.search.duration_weight * population.timing, config)
         best = int(np.argmin(each))
         scores[float(latency)], motor_speeds[float(latency)] = float(each[best]), speeds[best]
     chosen = min(scores, key=scores.__getitem__)
@@ -80,11 +80,11 @@ def latency_robot(
     timeout_s: float,
     compiled: bool = False,
 ) -> tuple[RobotConfig, LatencyChoice | None]:
-    """``robot`` with the control latency of ``config.latency_grid_s`` that scores lowest on the
+    """``robot`` with the control latency of ``config.latency.grid_s`` that scores lowest on the
     ``fit`` gaits at its best motor speed (:func:`best_latency`), and the choice (``robot`` as it
     is, and None, without a grid). ``timeout_s``: the segment timeout (s) of recordings that do
     not say; ``compiled``: the engines' ``compiled`` setting."""
-    if not config.latency_grid_s:
+    if not config.latency.grid_s:
         return robot, None
     start = Params.from_robot(robot)
 
@@ -93,5 +93,5 @@ def latency_robot(
         engine = Engine(RobotModel.from_robot(candidate), dt=config.dt_s, compiled=compiled)
         return make_loss(engine, candidate, recordings, fit, start, config, timeout_s)
 
-    choice = best_latency(build, start, config.latency_grid_s, config.latency_speed_factors, config)
+    choice = best_latency(build, start, config.latency.grid_s, config.latency.speed_factors, config)
     return with_latency(robot, choice.latency_s), choice

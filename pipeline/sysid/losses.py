@@ -103,7 +103,7 @@ def _tick_index(offsets_s: np.ndarray, tick_s: float, n_ticks: int) -> np.ndarra
 class KeyFrameLoss:
     """KFL over ``gaits`` of ``recordings`` (by name).
 
-    The gaits are run in chunks of consecutive gaits (about ``config.chunk_s`` of data each,
+    The gaits are run in chunks of consecutive gaits (about ``config.loss.chunk_s`` of data each,
     cut where the data is slowest), every chunk one environment of a batch, started from the
     observation (settled once with ``params0``). Inside a chunk the engine carries its own state
     from gait to gait, as the robot does, but the gradient is detached at every gait change: each
@@ -132,7 +132,7 @@ class KeyFrameLoss:
             raise ValueError("the Key Frame Loss needs at least one gait")
         self.engine, self.robot, self.config, self.recordings = engine, robot, config, recordings
         self.tick_s = 1.0 / robot.pid.control_rate_hz
-        chunks = plan_chunks(recordings, gaits, config.chunk_s)
+        chunks = plan_chunks(recordings, gaits, config.loss.chunk_s)
         if lead is not None:
             k = next(i for i, chunk in enumerate(chunks) if chunk[0].recording == lead.recording)
             chunks[k] = [lead, *chunks[k]]
@@ -140,7 +140,7 @@ class KeyFrameLoss:
             chunks, np.array([chunk[0].start_s > recordings[chunk[0].recording].t_s[0] for chunk in chunks])
         )
         starts = [(recordings[chunk[0].recording], chunk[0].start_s) for chunk in chunks]
-        self.starts = window_starts(engine, params0, robot, starts, config.settle_s)
+        self.starts = window_starts(engine, params0, robot, starts, config.loss.settle_s)
         self.observed = self
 
     @property
@@ -149,10 +149,10 @@ class KeyFrameLoss:
         return self.observed.starts
 
     def engine_limit_s(self, gait: Gait) -> float:
-        """How long (s) the engine may run ``gait``: ``config.duration_cap`` times the data's
+        """How long (s) the engine may run ``gait``: ``config.loss.duration_cap`` times the data's
         duration, or, where the data timed out (target not reached), just as long: the firmware
         gave up there, and so does the engine."""
-        cap = self.config.duration_cap if gait.reached else 1.0
+        cap = self.config.loss.duration_cap if gait.reached else 1.0
         return cap * gait.duration_s + self.tick_s
 
     def _use_chunks(self, chunks: list[list[Gait]], lead_in: np.ndarray) -> None:
@@ -181,7 +181,7 @@ class KeyFrameLoss:
         """``params``: one environment per gait (``units``), in chunk order."""
         defects, errors, engine_durations = self._key_frames(params, copies=1)
         kept = self.scored.copy()
-        if self.config.mask_filter:
+        if self.config.loss.mask_filter:
             for group in np.unique(self.group):
                 own = (self.group == group) & self.scored
                 kept[own] = mask_filter(engine_durations[0][own], self.data_durations[own], self.tick_s)
@@ -203,13 +203,13 @@ class KeyFrameLoss:
     def with_fitted_starts(self, params: Params) -> KeyFrameLoss:
         """This loss with each lead-in chunk started where its lead-in ends, and the lead-in gait no
         longer run: its settled observation is fitted with ``params`` (one environment) to the data
-        of the lead-in's first ``config.start_fit_span_s``
+        of the lead-in's first ``config.start_fit.span_s``
         (:func:`~pipeline.sysid.start_fit.fit_start_states`) and run through the lead-in gait with
         ``params``. Every candidate then starts the scored gaits from that same state, moving as
         the data did, instead of running the lead-in itself from a start fitted for other
         parameters. The chunks that start a recording keep their settled starts (the robot is at
         rest there). Always fitted from the settled observations (:attr:`observed`); with
-        ``config.start_fit_iterations`` 0 the lead-ins run from them as they are, which scores the
+        ``config.start_fit.iterations`` 0 the lead-ins run from them as they are, which scores the
         gaits as this loss does. Commands still in flight at a lead-in's end (a control latency)
         are not carried over."""
         source = self.observed
@@ -221,7 +221,7 @@ class KeyFrameLoss:
             LeadIn(
                 self.recordings[source.chunks[k][0].recording],
                 source.chunks[k][0].start_s,
-                min(source.chunks[k][0].duration_s, self.config.start_fit_span_s),
+                min(source.chunks[k][0].duration_s, self.config.start_fit.span_s),
             )
             for k in rows
         ]
@@ -233,9 +233,9 @@ class KeyFrameLoss:
             leads,
             source.targets[index],
             source.timeout[rows],
-            self.config.start_fit_iterations,
-            self.config.start_fit_caps_sigma_m,
-            self.config.start_fit_cable_sigma_m,
+            self.config.start_fit.iterations,
+            self.config.start_fit.caps_sigma_m,
+            self.config.start_fit.cable_sigma_m,
         )
         one = Params(**{n: v.detach() for n, v in params.as_dict().items()})
         with torch.no_grad():
@@ -275,8 +275,8 @@ class KeyFrameLoss:
     def population(self, candidates: Params) -> Population:
         """Weighted squared key-frame defects (P, units) of ``candidates`` (P environments, one
         parameter set each), all run as one engine batch, without gradients; the penalty is
-        ``config.duration_weight`` times the squared mean difference of the engine's and the data's
-        scored gait durations, in ``config.duration_sigma_s``. Pooled over every gait, the timing
+        ``config.search.duration_weight`` times the squared mean difference of the engine's and the data's
+        scored gait durations, in ``config.search.duration_sigma_s``. Pooled over every gait, the timing
         pins the motor speed without the tick-by-tick jumps of single gaits' durations. The timing
         is the mean of the gaits' squared differences: it tells a control latency (the same delay
         in every gait) from the motor speed (a delay in proportion to the gait's travel), which the
@@ -289,8 +289,8 @@ class KeyFrameLoss:
         timed = self.scored & self.reached
         if not timed.any():
             return Population(defects.numpy(), np.zeros(count), np.zeros(count))
-        late = (durations - self.data_durations)[:, timed] / self.config.duration_sigma_s
-        return Population(defects.numpy(), self.config.duration_weight * late.mean(1) ** 2, (late**2).mean(1))
+        late = (durations - self.data_durations)[:, timed] / self.config.search.duration_sigma_s
+        return Population(defects.numpy(), self.config.search.duration_weight * late.mean(1) ** 2, (late**2).mean(1))
 
     def _key_frames(self, params: Params, copies: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """Run every chunk ``copies`` times (``params``: ``copies * units`` environments, copy-major)
@@ -334,7 +334,7 @@ class KeyFrameLoss:
                 for g, o in zip(self.gaits * copies, offsets, strict=True)
             ]
         )
-        defects, errors = _weighted_defects(engine_disp, data_disp, self.config.position_sigma_m)
+        defects, errors = _weighted_defects(engine_disp, data_disp, self.config.loss.position_sigma_m)
         shape = (copies, self.units)
         return defects.reshape(shape), errors.reshape(*shape, 6), engine_durations.reshape(shape)
 
@@ -440,7 +440,7 @@ class SequenceLoss(_PolicyRollouts):
         self.names = sorted({g.recording for g in gaits})
         by_name = {n: [g for g in gaits if g.recording == n] for n in self.names}
         firsts = [(recordings[n], by_name[n][0].start_s) for n in self.names]
-        self.starts: WindowStarts = window_starts(engine, params0, robot, firsts, config.settle_s)
+        self.starts: WindowStarts = window_starts(engine, params0, robot, firsts, config.loss.settle_s)
         n_targets = max(len(v) for v in by_name.values())
         self.targets = torch.tensor(np.stack([_padded([g.target for g in by_name[n]], n_targets) for n in self.names]))
         self.segment_timeout_s = np.array([recordings[n].timeout_or(segment_timeout_s) for n in self.names])
@@ -460,7 +460,7 @@ class SequenceLoss(_PolicyRollouts):
         defects, errors = [], []
         for r, (offsets, data_disp) in enumerate(self.samples):
             caps = trace.caps_at(torch.as_tensor(offsets))[r] - self.starts.caps_m[r]
-            defect, error = _weighted_defects(caps[None], data_disp[None], self.config.position_sigma_m)
+            defect, error = _weighted_defects(caps[None], data_disp[None], self.config.loss.position_sigma_m)
             defects.append(defect[0])
             errors.append(error[0])
         return _every_window(torch.stack(defects), np.stack(errors))
@@ -484,7 +484,7 @@ class MultipleShootingLoss(_PolicyRollouts):
     ) -> None:
         self.engine, self.robot, self.config = engine, robot, config
         self.tick_s = 1.0 / robot.pid.control_rate_hz
-        n = config.shooting_windows
+        n = config.loss.shooting_windows
         starts, targets, ends = [], [], []
         for name in sorted({g.recording for g in gaits}):
             own = [g for g in gaits if g.recording == name]
@@ -496,7 +496,7 @@ class MultipleShootingLoss(_PolicyRollouts):
                 starts.append((recordings[name], start))
                 targets.append([g.target for g in own[current:]])
                 ends.append(recordings[name].caps_at(np.array([start + self.length_s]))[0])
-        self.starts = window_starts(engine, params0, robot, starts, config.settle_s)
+        self.starts = window_starts(engine, params0, robot, starts, config.loss.settle_s)
         n_targets = max(len(t) for t in targets)
         self.targets = torch.tensor(np.stack([_padded(t, n_targets) for t in targets]))
         self.data_disp = np.stack(ends) - self.starts.data_caps_m
@@ -507,7 +507,7 @@ class MultipleShootingLoss(_PolicyRollouts):
         trace = self._rollout(params, self.length_s)
         tick = int(_tick_index(np.array([self.length_s]), self.tick_s, trace.caps_m.shape[1])[0])
         engine_disp = trace.caps_m[:, tick] - self.starts.caps_m
-        return _every_window(*_weighted_defects(engine_disp, self.data_disp, self.config.position_sigma_m))
+        return _every_window(*_weighted_defects(engine_disp, self.data_disp, self.config.loss.position_sigma_m))
 
 
 def _padded(targets: list[np.ndarray], n: int) -> np.ndarray:
@@ -527,10 +527,10 @@ def make_loss(
     config: SysidConfig,
     segment_timeout_s: float,
 ) -> TrajectoryLoss:
-    """The loss ``config.loss`` names. The policy rollouts (all losses but the KFL) hold each
+    """The loss ``config.loss.kind`` names. The policy rollouts (all losses but the KFL) hold each
     target at most its recording's ``segment_timeout_s``, else ``segment_timeout_s``."""
-    if config.loss == "kfl":
+    if config.loss.kind == "kfl":
         return KeyFrameLoss(engine, robot, recordings, gaits, params0, config)
-    if config.loss == "multiple_shooting":
+    if config.loss.kind == "multiple_shooting":
         return MultipleShootingLoss(engine, robot, recordings, gaits, params0, config, segment_timeout_s)
-    return SequenceLoss(engine, robot, recordings, gaits, params0, config, segment_timeout_s, config.loss)
+    return SequenceLoss(engine, robot, recordings, gaits, params0, config, segment_timeout_s, config.loss.kind)

@@ -11,8 +11,8 @@ are all the ``z_k`` and the parameters of a :class:`~pipeline.sysid.parameters.P
 the residuals are:
 
 * each window's tracked end caps and sensed cable lengths in their noise
-  (:class:`~pipeline.sysid.start_fit.StartResiduals`, ``config.start_fit_caps_sigma_m`` and
-  ``config.start_fit_cable_sigma_m``);
+  (:class:`~pipeline.sysid.start_fit.StartResiduals`, ``config.start_fit.caps_sigma_m`` and
+  ``config.start_fit.cable_sigma_m``);
 * the continuity defects between a window's end state and the start of the window of the next
   gait of the same recording, in the same 48 coordinates
   (:func:`~pipeline.sysid.start_fit.difference`), times a weight ``w``;
@@ -22,8 +22,8 @@ the residuals are:
 Levenberg-Marquardt with Marquardt's diagonal scaling and finite-difference Jacobians (every
 window, every coordinate and parameter one environment of an engine batch; the engine's own
 gradient through ground contact is too rough for this) solves the sparse block-tridiagonal
-normal equations for all unknowns at once. The weight goes through ``config.gait_shooting_weights``
-with ``config.gait_shooting_iterations`` steps each; then, ``config.gait_shooting_restarts`` times,
+normal equations for all unknowns at once. The weight goes through ``config.gait_shooting.weights``
+with ``config.gait_shooting.iterations`` steps each; then, ``config.gait_shooting.restarts`` times,
 the starts are settled again at the answer and the weights run again. A window spans one gait, so
 no rollout crosses many contact events, and continuity carries the information from gait to gait.
 
@@ -166,7 +166,7 @@ class GaitShooting:
             self.space.params(torch.as_tensor(theta, dtype=torch.float64)),
             self.loss.robot,
             [(recordings[g.recording], g.start_s) for g in self.gaits],
-            self.config.settle_s,
+            self.config.loss.settle_s,
         )
         return StartResiduals(
             self.loss.engine,
@@ -175,8 +175,8 @@ class GaitShooting:
             [LeadIn(recordings[g.recording], g.start_s, g.duration_s) for g in self.gaits],
             self.targets,
             self.limits,
-            self.config.start_fit_caps_sigma_m,
-            self.config.start_fit_cable_sigma_m,
+            self.config.start_fit.caps_sigma_m,
+            self.config.start_fit.cable_sigma_m,
         )
 
     @property
@@ -422,7 +422,7 @@ class GaitShooting:
         return torch.tensor(dz.reshape(self.windows, COORDINATES)), dtheta
 
     def solve(self, progress: Callable[[Step], None] | None = None) -> ShootingFit:
-        """Solve from the settled starts and the space's start, then ``config.gait_shooting_restarts``
+        """Solve from the settled starts and the space's start, then ``config.gait_shooting.restarts``
         times again from starts settled at the answer (the start perturbations fitted while the
         parameters were far off hold the parameters in a local minimum: on seed 3 of the recovery
         data friction stopped at 0.471 and went on to 0.504 after a restart, truth 0.5).
@@ -439,15 +439,15 @@ class GaitShooting:
         theta = self.space.initial().numpy()
         history: list[Step] = []
         moved = False
-        rounds = range(1 + self.config.gait_shooting_restarts)
-        for restart, (order, weight) in itertools.product(rounds, enumerate(self.config.gait_shooting_weights)):
+        rounds = range(1 + self.config.gait_shooting.restarts)
+        for restart, (order, weight) in itertools.product(rounds, enumerate(self.config.gait_shooting.weights)):
             if order == 0:
                 self.residuals = self.settled_at(theta) if restart else self.initial
                 z = torch.zeros(self.windows, COORDINATES, dtype=torch.float64)
                 data, defects = self.checked(z, theta)
             current = self.cost(data, defects, z, theta, weight)
             damping = INITIAL_DAMPING
-            for _ in range(self.config.gait_shooting_iterations):
+            for _ in range(self.config.gait_shooting.iterations):
                 dropped = self.dropped
                 jacobians = self.jacobians(z, theta)
                 if self.dropped > dropped:  # the cost without the windows dropped there

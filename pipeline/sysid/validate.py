@@ -91,7 +91,7 @@ def replay(
         {recording.name: recording},
         gaits,
         params,
-        config.model_copy(update={"mask_filter": False}),
+        config.updated({"loss.mask_filter": False}),
         lead=_lead_in(recording, robot, gaits, segment_timeout_s),
     ).with_fitted_starts(params)
     with torch.no_grad():
