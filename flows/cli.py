@@ -204,13 +204,14 @@ def status(config: ConfigOption = DEFAULT_CONFIG, set_: SetOption = None) -> Non
 
     layout = RunLayout.of(configs)
     table = Table(title=f"campaign {configs.pipeline.campaign}: stage outputs under this config")
-    table.add_column("iteration")
-    for stage in stage_names():
-        table.add_column(stage)
+    table.add_column("stage")
+    iterations = iterations_on_disk(layout)
+    for iteration in iterations:
+        table.add_column(f"iteration {iteration}")
     colour = {"cached": "green", "stale": "yellow", "missing": "red"}
-    for iteration in iterations_on_disk(layout):
-        states = stage_status(configs, iteration)
-        table.add_row(str(iteration), *(f"[{colour[states[s]]}]{states[s]}[/]" for s in stage_names()))
+    states = {iteration: stage_status(configs, iteration) for iteration in iterations}
+    for stage in stage_names():
+        table.add_row(stage, *(f"[{colour[states[k][stage]]}]{states[k][stage]}[/]" for k in iterations))
     Console().print(table)
 
 

@@ -27,6 +27,7 @@ from storage.layout import Ref, RunLayout, existing_ref
 from tasks import collect, gaits, redeploy
 from tasks.attach import attach
 from tasks.evaluate import evaluate
+from tasks.learn import learn
 from tasks.sysid import sysid
 from tasks.track import track
 
@@ -116,8 +117,8 @@ def attach_iteration(configs: LoadedConfigs, iteration: int) -> int:
 def earlier_data_refs(
     configs: LoadedConfigs, layout: RunLayout, iteration: int
 ) -> dict[int, tuple[dict[str, str], dict[str, str]]]:
-    """The collect and track refs (JSON) of the earlier iterations whose trajectories the sysid of
-    ``iteration`` also uses (all so far, or the last ``sysid.data.window`` with this one)."""
+    """The collect and track refs (JSON) of the earlier iterations whose trajectories the sysid and
+    learn stages of ``iteration`` also use (all so far, or the last ``sysid.data.window`` with this one)."""
     window = configs.pipeline.sysid.data.window or iteration
     return {
         k: (existing_ref(layout, k, "collect").to_json(), existing_ref(layout, k, "track").to_json())
@@ -135,6 +136,7 @@ def _collect_key_inputs(parameters: dict) -> Refs:
 
 
 def _sysid_key_inputs(parameters: dict) -> Refs:
+    """The earlier iterations' collect and track refs that sysid and learn also read."""
     inputs: dict[str, dict[str, str]] = {}
     for k, (collect_ref, track_ref) in sorted((parameters.get("earlier_refs") or {}).items()):
         inputs.update({f"collect_{k}": collect_ref, f"track_{k}": track_ref})
@@ -199,6 +201,15 @@ TABLE: tuple[Stage, ...] = (
         key_inputs=_sysid_key_inputs,
     ),
     Stage(
+        "learn",
+        learn,
+        inputs=("collect", "track", "attach", "sysid"),
+        version="1",
+        sections=("learn", ROBOT_SECTION),
+        arguments=lambda call: {"earlier_refs": earlier_data_refs(call.configs, call.layout, call.iteration)},
+        key_inputs=_sysid_key_inputs,
+    ),
+    Stage(
         "gaits",
         gaits.gaits,
         inputs=("attach", "sysid"),
@@ -218,8 +229,8 @@ TABLE: tuple[Stage, ...] = (
     Stage(
         "evaluate",
         evaluate,
-        inputs=("attach", "sysid", "gaits", "redeploy"),
-        version="2",
+        inputs=("attach", "sysid", "learn", "gaits", "redeploy"),
+        version="3",
         sections=("redeploy", "gaits", ROBOT_SECTION),
     ),
 )

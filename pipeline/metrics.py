@@ -85,3 +85,23 @@ def pose_errors(robot: RobotConfig, caps: np.ndarray, truth: np.ndarray, centred
         "identity_swaps": identity_swaps(robot, caps, truth),
         "samples": len(caps),
     }
+
+
+def rollout_errors(robot: RobotConfig, caps: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """A simulated rollout's errors against the truth, averaged over its ticks (the hybrid
+    graph-network paper's figures), for end caps ``caps`` and ``truth`` (T, 6, 3):
+    ``e_pos_pct`` the centre-of-mass distance in % of the rod length, ``e_rot_deg`` the angle
+    between predicted and true rod axes, ``e_pen_pct`` / ``e_pen_mm`` how far the lowest end cap
+    sinks into the ground beyond the truth's, in % of the rod length and mm."""
+    length = robot.rod.length_m
+    e_pos = np.linalg.norm(caps.mean(1) - truth.mean(1), axis=-1).mean() / length
+    radius = robot.end_cap.radius_m
+    lowest_pred = np.minimum((caps[..., 2] - radius).min(-1), 0.0)
+    lowest_true = np.minimum((truth[..., 2] - radius).min(-1), 0.0)
+    sink = np.maximum(lowest_true - lowest_pred, 0.0).mean()
+    return {
+        "e_pos_pct": float(100 * e_pos),
+        "e_rot_deg": float(rod_axis_error_deg(robot, caps, truth).mean()),
+        "e_pen_pct": float(100 * sink / length),
+        "e_pen_mm": float(1000 * sink),
+    }

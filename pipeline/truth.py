@@ -4,16 +4,22 @@ No stage computes with the twin's truth: the functions here exist so that evalua
 score identified values against it (:func:`truth_errors`), replay the twin's own values on the
 held-out gaits as the reference for identification (:func:`truth_holdout`), and so that tests
 and benchmarks can put the engine on the twin's values where the two models share them
-(:func:`twin_true_params`, :func:`twin_true_model`, :func:`truth_engine`).
+(:func:`twin_true_params`, :func:`twin_true_model`, :func:`truth_engine`) and record the
+twin's true motion (:func:`twin_trajectory`).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from pipeline.config import LoadedConfigs, RobotConfig, TwinConfig
+from pipeline.hardware.base import GroundTruthPacket, SensorPacket, StartPose
+from pipeline.hardware.twin import MujocoTwin
+from pipeline.learned.data import Trajectory
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
+from pipeline.policies import Policy
 from pipeline.sysid.heldout import SysidData, mean_replay_metrics, reduction_pct, replay_held_out
 from pipeline.sysid.latency import with_latency
 
@@ -86,3 +92,23 @@ def truth_holdout(configs: LoadedConfigs, data: SysidData, before_mm: float) -> 
             before_mm, out["holdout.truth.key_frame_error_mm"]
         )
     return out
+
+
+def twin_trajectory(
+    twin: MujocoTwin, policy: Policy, segment_timeout_s: float, start: StartPose | None = None
+) -> Trajectory:
+    """``policy`` run on ``twin`` from ``start`` (default: its rest pose), as the twin's true end
+    caps and the commands at every control tick (no camera frames)."""
+    twin.reset(start)
+    caps, commands = [], []
+    for packet in twin.execute(policy, segment_timeout_s, record_frames=False):
+        if isinstance(packet, SensorPacket):
+            commands.append(packet.control)
+        elif isinstance(packet, GroundTruthPacket):
+            caps.append(packet.caps_m)
+    return Trajectory(
+        name=f"twin:{policy.policy_id}",
+        caps_m=np.stack(caps),
+        control=np.stack(commands),
+        tick_s=1.0 / twin.robot.pid.control_rate_hz,
+    )

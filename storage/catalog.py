@@ -16,12 +16,15 @@ sysid      :data:`SYSID_OVERLAY_FILE`, :data:`MJCF_FILE`, :data:`HISTORY_FILE`,
 gaits      :data:`GAITS_FILE`, :data:`POLICIES_FILE`, :data:`GAIT_TABLE_FILE`
 redeploy   ``<policy>-start<k>/`` (collect's recording layout plus ``tracked.parquet``),
            :data:`RUNS_FILE`, :data:`REPEATABILITY_FILE` (:mod:`storage.redeploy_runs`)
+learn      :data:`CONTACT_MODEL_FILE`, :data:`TRAINING_FILE`, :data:`LEARN_FILE`
+           (:mod:`storage.contact_model`)
 evaluate   :data:`GAP_FILE`, :data:`SUMMARY_FILE`
 =========  ==========================================================================
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -30,7 +33,11 @@ import yaml
 
 from pipeline.config import LoadedConfigs, RobotConfig, robot_with_overlay
 from pipeline.errors import DataError
+from pipeline.learned.engine import LearnedEngine
+from pipeline.physics.model import RobotModel
 from pipeline.sysid.data import Recording
+from pipeline.sysid.heldout import SysidData, split_recordings
+from storage.contact_model import load_contact_model
 from storage.layout import Ref
 from storage.recording import HARDWARE_FILE, recording_folders
 from storage.tracked import TRACKED_FILE
@@ -48,6 +55,12 @@ HISTORY_FILE = "history.parquet"
 """sysid: loss, values and gradients per optimiser step."""
 VALIDATION_FILE = "validation.json"
 """sysid: the held-out replay figures before and after, per recording."""
+CONTACT_MODEL_FILE = "contact_model.safetensors"
+"""learn: the fine-tuned contact network (:func:`storage.contact_model.load_contact_model`)."""
+TRAINING_FILE = "training.parquet"
+"""learn: the losses per epoch."""
+LEARN_FILE = "learn.json"
+"""learn: what the model was trained on, and the stage's figures."""
 GAITS_FILE = "gaits.json"
 """gaits: the gaits found, the published gaits' figures and the search figures."""
 POLICIES_FILE = "policies.json"
@@ -116,3 +129,42 @@ def load_recordings(collect_ref: Ref, track_ref: Ref, segment_timeout_s: float) 
             segment_timeout_s=meta.segment_timeout_s or segment_timeout_s,
         )
     return recordings
+
+
+def load_iteration_recordings(
+    collect_ref: Ref, track_ref: Ref, earlier: dict[int, tuple[Ref, Ref]], segment_timeout_s: float
+) -> dict[str, Recording]:
+    """The recordings of an iteration (:func:`load_recordings`) and of the earlier iterations in
+    ``earlier`` (iteration -> collect and track refs), those named ``k<iteration>-<policy id>``."""
+    recordings = load_recordings(collect_ref, track_ref, segment_timeout_s)
+    for k, (earlier_collect, earlier_track) in sorted(earlier.items()):
+        for name, recording in load_recordings(earlier_collect, earlier_track, segment_timeout_s).items():
+            recordings[f"k{k}-{name}"] = dataclasses.replace(recording, name=f"k{k}-{name}")
+    return recordings
+
+
+def earlier_from_json(earlier_refs: dict | None) -> dict[int, tuple[Ref, Ref]]:
+    """Earlier iterations' collect and track refs as a task receives them (JSON, iteration keys
+    maybe strings) -> iteration -> (collect ref, track ref)."""
+    return {int(k): (Ref.from_json(c), Ref.from_json(t)) for k, (c, t) in (earlier_refs or {}).items()}
+
+
+def identification_data(
+    configs: LoadedConfigs,
+    robot: RobotConfig,
+    collect_ref: Ref,
+    track_ref: Ref,
+    earlier: dict[int, tuple[Ref, Ref]] | None = None,
+) -> SysidData:
+    """The recordings of an iteration and of the ``earlier`` ones (:func:`load_iteration_recordings`)
+    split into gaits for ``robot``, the last ``sysid.data.holdout_fraction`` of each held out."""
+    timeout_s = configs.pipeline.collect.segment_timeout_s
+    recordings = load_iteration_recordings(collect_ref, track_ref, earlier or {}, timeout_s)
+    return split_recordings(configs, robot, recordings, str(collect_ref.path))
+
+
+def learned_engine(learn_ref: Ref, robot: RobotConfig) -> LearnedEngine:
+    """The hybrid engine of ``robot`` with the learn stage's contact network."""
+    model = RobotModel.from_robot(robot)
+    network, config, _ = load_contact_model(Path(learn_ref.path) / CONTACT_MODEL_FILE, model)
+    return LearnedEngine(model, network, config.dt_s)

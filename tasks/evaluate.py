@@ -1,15 +1,16 @@
 """The ``evaluate`` stage: the sim-to-real gap of the iteration's redeploy runs, and the
 iteration's summary.
 
-:func:`run_evaluate` replays every redeploy run in the engine from its tracked start, with the
-robot config's parameters ("before" sysid) and with the identified ones ("after"), one batch
-per policy. The redeploy runs were never fitted, so this is the held-out gap. Per run and
-engine: final centre-of-mass error (m and % of rod length) and heading error (deg), sim vs
-real, and whether either execution folded the prism flat (``gap.parquet``), and a top view of
-the paths (``plots/<run>.png``). ``summary.md`` is the iteration at a glance: the gap per
-policy, the identified values (and, on the twin, their errors against the hidden truth), the
-gaits found; the stage task also publishes it as a Prefect markdown artifact that names the
-iteration's MLflow run, so the two UIs link up.
+:func:`run_evaluate` replays every redeploy run from its tracked start in the analytic engine
+with the robot config's parameters ("before" sysid) and with the identified ones ("after"), and
+in the hybrid engine with the learn stage's contact network ("learned"), one batch per policy.
+The redeploy runs were never fitted, so this is the held-out gap. Per run and engine: final
+centre-of-mass error (m and % of rod length) and heading error (deg), sim vs real, and whether
+either execution folded the prism flat (``gap.parquet``), and a top view of the paths
+(``plots/<run>.png``). ``summary.md`` is the iteration at a glance: the gap per policy, the
+identified values (and, on the twin, their errors against the hidden truth), the gaits found;
+the stage task also publishes it as a Prefect markdown artifact that names the iteration's
+MLflow run, so the two UIs link up.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pipeline.physics.rollout import settle, state_from_caps
 from pipeline.plots import replay_paths
 from pipeline.robot_model import heading_rad
 from pipeline.truth import truth_errors
-from storage.catalog import GAP_FILE, SUMMARY_FILE, attached_robot, identified_robot
+from storage.catalog import GAP_FILE, SUMMARY_FILE, attached_robot, identified_robot, learned_engine
 from storage.files import atomic_write_bytes
 from storage.layout import Ref, RunLayout, read_manifest, write_manifest
 from storage.redeploy_runs import Run, recorded_runs
@@ -38,8 +39,10 @@ from storage.tables import write_table
 from storage.tracking import StageContext, tracking_uri
 
 STAGE = "evaluate"
-ENGINES = ("before", "after")
-"""The engines each run is replayed in: the robot config's parameters, and the identified ones."""
+ENGINES = ("before", "after", "learned")
+"""The engines each run is replayed in: the analytic engine with the robot config's parameters and
+with the identified ones, and the hybrid engine with the learn stage's contact and the identified
+parameters."""
 
 
 def _wrap_deg(angle_rad: float) -> float:
@@ -47,11 +50,10 @@ def _wrap_deg(angle_rad: float) -> float:
 
 
 def replay_runs(
-    robot: RobotConfig, runs: list[Run], starts_m: np.ndarray, timeout_s: float, dt_s: float
+    engine: Engine, robot: RobotConfig, runs: list[Run], starts_m: np.ndarray, timeout_s: float
 ) -> list[np.ndarray]:
-    """The engine with ``robot``'s parameters running each run's policy from its tracked start
+    """``engine`` with ``robot``'s parameters running each run's policy from its tracked start
     caps ``starts_m`` (R, 6, 3), one batch per policy; each run's end caps (T, 6, 3)."""
-    engine = Engine(RobotModel.from_robot(robot), dt=dt_s)
     out: list[np.ndarray | None] = [None] * len(runs)
     for key in dict.fromkeys(r.policy_key for r in runs):
         rows = [i for i, r in enumerate(runs) if r.policy_key == key]
@@ -105,8 +107,9 @@ def gap_summary(rows: list[dict]) -> dict[str, float]:
         (f"{policy}.", [r for r in rows if r["policy"] == policy])
         for policy in dict.fromkeys(r["policy"] for r in rows)
     ]
+    present = [label for label in ENGINES if any(r["engine"] == label for r in rows)]
     for prefix, group in [*groups, ("", rows)]:
-        for label in ENGINES:
+        for label in present:
             own = [r for r in group if r["engine"] == label]
             for key in ("com_error_m", "com_error_pct_rod", "heading_error_deg"):
                 summary[f"gap.{label}.{prefix}{key}"] = float(np.mean([r[key] for r in own]))
@@ -119,22 +122,29 @@ def run_evaluate(
     iteration: int,
     attach_ref: Ref,
     sysid_ref: Ref,
+    learn_ref: Ref,
     gaits_ref: Ref,
     redeploy_ref: Ref,
     mlflow: str = "",
 ) -> tuple[Ref, dict[str, float]]:
-    """Replay the redeploy runs before and after sysid; write the gap table, plots and summary
+    """Replay the redeploy runs before and after sysid and in the learned engine; write the gap
+    table, plots and summary
     (with ``mlflow``, a line naming the MLflow run, under its title).
     Returns the ref and the summary (gap figures)."""
     stage_dir = RunLayout.of(configs).stage_dir(iteration, STAGE)
     stage_dir.mkdir(parents=True, exist_ok=True)
     runs = recorded_runs(redeploy_ref)
     real = [run.tracked_caps() for run in runs]
-    engines = {"before": attached_robot(configs, attach_ref), "after": identified_robot(configs, attach_ref, sysid_ref)}
+    attached, identified = attached_robot(configs, attach_ref), identified_robot(configs, attach_ref, sysid_ref)
+    dt_s = configs.pipeline.gaits.search.dt_s
+    engines = {
+        "before": (Engine(RobotModel.from_robot(attached), dt=dt_s), attached),
+        "after": (Engine(RobotModel.from_robot(identified), dt=dt_s), identified),
+        "learned": (learned_engine(learn_ref, identified), identified),
+    }
     starts = np.stack([caps[0] for caps in real])
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
-    dt_s = configs.pipeline.gaits.search.dt_s
-    sims = {label: replay_runs(robot, runs, starts, timeout_s, dt_s) for label, robot in engines.items()}
+    sims = {label: replay_runs(engine, robot, runs, starts, timeout_s) for label, (engine, robot) in engines.items()}
     rows = gap_rows(runs, real, sims, configs.robot.rod.length_m)
     write_table(stage_dir / GAP_FILE, pa.Table.from_pylist(rows), {"stage": STAGE})
     for i, run in enumerate(runs):
@@ -150,23 +160,25 @@ def run_evaluate(
 def summary_markdown(
     configs: LoadedConfigs, iteration: int, gap: dict[str, float], refs: dict[str, Ref], mlflow: str = ""
 ) -> str:
-    """The iteration at a glance (Markdown): the gap per policy before/after sysid, the
+    """The iteration at a glance (Markdown): the gap per policy before/after sysid and learned, the
     identified values with their errors against the twin's truth where known, the gaits found,
     and ``mlflow`` (a line naming the MLflow run)."""
     policies = sorted({k.split(".")[2] for k in gap if k.count(".") == 3})
+    present = [label for label in ENGINES if f"gap.{label}.com_error_m" in gap]
+    order = " → ".join(present)
     lines = [f"# {configs.pipeline.campaign}, iteration {iteration}", ""]
     if mlflow:
         lines += [mlflow, ""]
     lines += [
         "## Sim-to-real gap (held-out redeploy runs)",
         "",
-        "| runs | CoM error before → after (m) | heading error before → after (deg) |",
+        f"| runs | CoM error {order} (m) | heading error {order} (deg) |",
         "|---|---|---|",
     ]
     for prefix in [*(f"{p}." for p in policies), ""]:
-        com = [gap[f"gap.{label}.{prefix}com_error_m"] for label in ENGINES]
-        heading = [gap[f"gap.{label}.{prefix}heading_error_deg"] for label in ENGINES]
-        lines.append(f"| {prefix[:-1] or 'all'} | {com[0]:.3f} → {com[1]:.3f} | {heading[0]:.1f} → {heading[1]:.1f} |")
+        com = " → ".join(f"{gap[f'gap.{label}.{prefix}com_error_m']:.3f}" for label in present)
+        heading = " → ".join(f"{gap[f'gap.{label}.{prefix}heading_error_deg']:.1f}" for label in present)
+        lines.append(f"| {prefix[:-1] or 'all'} | {com} | {heading} |")
     sysid = read_manifest(refs["sysid"], verify_files=False)["summary"]
     lines += [
         "",
@@ -199,6 +211,7 @@ def evaluate(
     mlflow_run_id: str,
     attach_ref: dict[str, str],
     sysid_ref: dict[str, str],
+    learn_ref: dict[str, str],
     gaits_ref: dict[str, str],
     redeploy_ref: dict[str, str],
 ) -> dict[str, str]:
@@ -208,7 +221,7 @@ def evaluate(
         experiment = context.client.get_run(mlflow_run_id).info.experiment_id
         uri = tracking_uri(context.layout)
         link = f"MLflow run `{mlflow_run_id}` (experiment {experiment}, tracking URI `{uri}`)"
-        refs = [Ref.from_json(r) for r in (attach_ref, sysid_ref, gaits_ref, redeploy_ref)]
+        refs = [Ref.from_json(r) for r in (attach_ref, sysid_ref, learn_ref, gaits_ref, redeploy_ref)]
         ref, summary = run_evaluate(configs, iteration, *refs, mlflow=link)
         files = [Path(ref.path) / name for name in (GAP_FILE, SUMMARY_FILE)]
         context.log(summary, [*files, *sorted((Path(ref.path) / "plots").glob("*.png"))])

@@ -16,7 +16,6 @@ for evaluation only, when the hardware is the twin.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.mjcf_export import identified_mjcf
 from pipeline.physics.params import robot_overlay
 from pipeline.plots import replay_paths, sysid_history
-from pipeline.sysid.heldout import SysidData, mean_replay_metrics, reduction_pct, replay_held_out, split_recordings
+from pipeline.sysid.heldout import SysidData, mean_replay_metrics, reduction_pct, replay_held_out
 from pipeline.sysid.identify import identify_staged, planned_steps
 from pipeline.sysid.latency import latency_robot
 from pipeline.sysid.losses import make_loss
@@ -44,7 +43,8 @@ from storage.catalog import (
     SYSID_OVERLAY_FILE,
     VALIDATION_FILE,
     attached_robot,
-    load_recordings,
+    earlier_from_json,
+    identification_data,
 )
 from storage.files import atomic_write_bytes, atomic_write_json
 from storage.layout import Ref, RunLayout, write_manifest
@@ -66,13 +66,7 @@ def sysid_data(
     """Read the recordings (with ``earlier``: earlier iterations' collect and track refs, named
     ``k<iteration>-<policy id>``), split them into gaits and hold out the last
     ``sysid.data.holdout_fraction`` of each."""
-    timeout_s = configs.pipeline.collect.segment_timeout_s
-    robot = attached_robot(configs, attach_ref)
-    recordings = load_recordings(collect_ref, track_ref, timeout_s)
-    for k, (earlier_collect, earlier_track) in sorted((earlier or {}).items()):
-        for name, recording in load_recordings(earlier_collect, earlier_track, timeout_s).items():
-            recordings[f"k{k}-{name}"] = dataclasses.replace(recording, name=f"k{k}-{name}")
-    return split_recordings(configs, robot, recordings, str(collect_ref.path))
+    return identification_data(configs, attached_robot(configs, attach_ref), collect_ref, track_ref, earlier)
 
 
 def run_sysid(
@@ -205,9 +199,8 @@ def sysid(
     """Prefect task: run :func:`run_sysid` (with ``earlier_refs``: earlier iterations' collect and
     track refs); log values, loss curves, held-out figures, plots and (on the twin) errors against
     the hidden truth and the truth's own held-out replay to MLflow; return the ref as JSON."""
-    earlier = {int(k): (Ref.from_json(c), Ref.from_json(t)) for k, (c, t) in (earlier_refs or {}).items()}
     refs = (Ref.from_json(collect_ref), Ref.from_json(track_ref), Ref.from_json(attach_ref))
-    data = sysid_data(configs, *refs, earlier=earlier)
+    data = sysid_data(configs, *refs, earlier=earlier_from_json(earlier_refs))
     ref, summary, result = run_sysid(configs, iteration, data)
     figures = dict(summary)
     if configs.pipeline.hardware_backend == "twin":

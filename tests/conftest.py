@@ -58,6 +58,21 @@ SMALL_SYSID = {
 """A sysid short enough for flow tests (its accuracy is tested in test_sysid.py). Gait shooting
 runs one step on two parameters, so friction keeps the search's profile range."""
 
+SMALL_LEARN = {
+    "learn.model.latent": 8,
+    "learn.model.message_passing_steps": 1,
+    "learn.pretrain.random_policies": 2,
+    "learn.pretrain.targets": 3,
+    "learn.pretrain.gait_cycles": 1,
+    "learn.pretrain.curriculum.lengths": [1, 2],
+    "learn.pretrain.curriculum.epochs": [1, 1],
+    "learn.pretrain.curriculum.learning_rates": [1e-3, 1e-3],
+    "learn.fine_tune.lengths": [2],
+    "learn.fine_tune.epochs": [1],
+    "learn.fine_tune.learning_rates": [1e-4],
+}
+"""A learned contact small enough for flow tests (what it learns is tested in test_learned.py)."""
+
 SMALL_GAITS = {
     "gaits.search.depth": 2,
     "gaits.search.validate_top": 2,
@@ -85,6 +100,7 @@ def write_test_pipeline(folder: Path, campaign: str = "test", n_targets: int = 4
             "collect.random.n_targets": n_targets,
             **{f"collect.{key}": value for key, value in collect.items()},
             **SMALL_SYSID,
+            **SMALL_LEARN,
             **SMALL_GAITS,
             **SMALL_REDEPLOY,
             # eager engine: compiling the step costs a compile per process, more than these small
@@ -152,7 +168,12 @@ def prefect_server():
 
 
 def empty_overlays(configs: LoadedConfigs, iteration: int) -> dict[str, Ref]:
-    """Attach and sysid stage outputs by hand with empty overlays: the robot config as it is."""
+    """Attach and sysid stage outputs by hand with empty overlays (the robot config as it is), and
+    a learn stage output whose contact network answers no contact at all (its decoder's last layer
+    zero: the learned engine is the free motion)."""
+    from pipeline.physics.model import RobotModel
+    from storage.contact_model import build_network, save_contact_model
+
     layout = RunLayout.of(configs)
     refs = {}
     for stage, name in (("attach", "attachment.yaml"), ("sysid", "identified.yaml")):
@@ -160,4 +181,12 @@ def empty_overlays(configs: LoadedConfigs, iteration: int) -> dict[str, Ref]:
         folder.mkdir(parents=True)
         (folder / name).write_text("{}\n")
         refs[stage] = write_manifest(folder, stage, complete=True, summary={})
+    folder = layout.stage_dir(iteration, "learn")
+    folder.mkdir(parents=True)
+    learn = configs.pipeline.learn.model
+    network = build_network(RobotModel.from_robot(configs.robot), learn)
+    network.decoder[-1].weight.data.zero_()
+    network.decoder[-1].bias.data.zero_()
+    save_contact_model(folder / "contact_model.safetensors", network, learn, configs.robot, {})
+    refs["learn"] = write_manifest(folder, "learn", complete=True, summary={})
     return refs

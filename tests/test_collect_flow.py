@@ -20,7 +20,7 @@ from pipeline.errors import HardwareError
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.policies import random_policy
 from storage.frames import iter_frames
-from storage.layout import RunLayout, complete_stage_ref, read_manifest, write_manifest
+from storage.layout import Ref, RunLayout, complete_stage_ref, read_manifest, write_manifest
 from storage.recording import (
     FRAMES_FILE,
     GROUNDTRUTH_FILE,
@@ -246,7 +246,7 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert run.data.tags["r2s2r.env.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
     # the later stages ran after collect, were cached the second time, and logged to the same run
-    for stage in ("track", "attach", "sysid", "gaits", "redeploy", "evaluate"):
+    for stage in ("track", "attach", "sysid", "learn", "gaits", "redeploy", "evaluate"):
         assert first["stages"][stage]["cached"] is False
         assert second["stages"][stage]["cached"] is True
     assert run.data.metrics["track/error_cap_error_mean_mm"] < 10.0  # 320 x 240 test camera
@@ -285,7 +285,9 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
         "identified.yaml",
         "history.parquet",
     }
-    (model,) = client.search_logged_models([experiment.experiment_id])  # the identified robot, loadable
+    models = {m.name: m for m in client.search_logged_models([experiment.experiment_id])}
+    assert set(models) == {"identified-robot", "learned-contact"}
+    model = models["identified-robot"]  # the identified robot, loadable
     assert model.source_run_id == stage_run("sysid") and model.tags["r2s2r.robot_config_hash"]
     assert model.params["identified.motor_speed"] == f"{identified['motor']['speed']:.6g}"
     from mlflow.artifacts import download_artifacts
@@ -293,6 +295,21 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # as a user points MLflow at the runs
     model_dir = Path(download_artifacts(f"models:/{model.model_id}"))
     assert (model_dir / "identified.xml").read_bytes() == (sysid_dir / "identified.xml").read_bytes()
+    # the learned contact, loadable by a user from MLflow for the identified robot
+    from pipeline.physics.model import RobotModel
+    from storage.catalog import identified_robot
+    from storage.contact_model import load_contact_model
+
+    learned = models["learned-contact"]
+    assert learned.source_run_id == stage_run("learn")
+    contact_file = Path(download_artifacts(f"models:/{learned.model_id}")) / "contact_model.safetensors"
+    learn_dir = Path(first["stages"]["learn"]["ref"]["path"])
+    assert contact_file.read_bytes() == (learn_dir / "contact_model.safetensors").read_bytes()
+    refs = {s: Ref.from_json(first["stages"][s]["ref"]) for s in ("attach", "sysid")}
+    robot = identified_robot(configs, refs["attach"], refs["sysid"])
+    _, _, metadata = load_contact_model(contact_file, RobotModel.from_robot(robot))
+    assert metadata["pretrained_on"].startswith("the analytic engine") and metadata["fine_tuned_on"]
+    assert run.data.metrics["learn/holdout.learned.key_frame_error_mm"] > 0
     headline = {k: v for k, v in run.data.metrics.items() if k.startswith("headline/")}
     assert headline["headline/heldout_after_mm"] == run.data.metrics["sysid/holdout.after.key_frame_error_mm"]
     assert headline["headline/identified.friction"] == identified["ground"]["friction"]
@@ -320,9 +337,9 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert "redeploy/repeatability.turning.rotation_deg_mean" in run.data.metrics
     evaluate_dir = Path(first["stages"]["evaluate"]["ref"]["path"])
     gap = pq.read_table(evaluate_dir / "gap.parquet").to_pandas()
-    assert len(gap) == 3 * 2 and set(gap["engine"]) == {"before", "after"}
+    assert len(gap) == 3 * 3 and set(gap["engine"]) == {"before", "after", "learned"}
     assert (gap["com_error_m"] >= 0).all() and gap["heading_error_deg"].between(0, 180).all()
-    for key in ("gap.before.com_error_m", "gap.after.com_error_m", "gap.after.turning.heading_error_deg"):
+    for key in ("gap.before.com_error_m", "gap.learned.com_error_m", "gap.after.turning.heading_error_deg"):
         assert f"evaluate/{key}" in run.data.metrics, key
     assert {a.path for a in client.list_artifacts(stage_run("evaluate"))} >= {
         "gap.parquet",
@@ -350,7 +367,7 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     changed = load_all(config, {"sysid.gradient.lr": 0.05})
     assert stage_status(changed, 1) == {
         **dict.fromkeys(("collect", "track", "attach"), "cached"),
-        **dict.fromkeys(("sysid", "gaits", "redeploy", "evaluate"), "stale"),
+        **dict.fromkeys(("sysid", "learn", "gaits", "redeploy", "evaluate"), "stale"),
     }
     assert stage_status(configs, 2)["collect"] == "cached" and stage_status(configs, 2)["track"] == "missing"
 
@@ -387,7 +404,7 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert executions == [1] * 4 and tracking == []
     assert "needs the hardware" in result.output
     assert stage_status(load_all(config, more_cycles), 1) == {
-        **dict.fromkeys(("collect", "track", "attach", "sysid", "gaits"), "cached"),
+        **dict.fromkeys(("collect", "track", "attach", "sysid", "learn", "gaits"), "cached"),
         **dict.fromkeys(("redeploy", "evaluate"), "stale"),
     }
     assert stage_status(configs, 1)["gaits"] == "stale"  # its folder now holds the two-cycle output

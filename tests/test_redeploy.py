@@ -74,13 +74,19 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
         json.loads((stage / RUNS_FILE).read_text())[1]["start"]["yaw_deg"]
         == configs.pipeline.redeploy.starts[1].yaw_deg
     )
-    evaluated, gap_summary = run_evaluate(configs, 1, refs["attach"], refs["sysid"], refs["gaits"], ref)
+    evaluated, gap_summary = run_evaluate(configs, 1, refs["attach"], refs["sysid"], refs["learn"], refs["gaits"], ref)
     gap = pd.read_parquet(Path(evaluated.path) / GAP_FILE)
-    assert sorted(gap["start"].unique()) == [0, 1, 2] and set(gap["engine"]) == {"before", "after"}
+    assert sorted(gap["start"].unique()) == [0, 1, 2] and set(gap["engine"]) == {"before", "after", "learned"}
+    # the learned engine here answers no contact: with no ground, no horizontal force acts on the
+    # robot (cables and rod contact are internal), so its centre of mass never moves sideways
+    learned = gap[gap["engine"] == "learned"]
+    np.testing.assert_allclose(learned["sim_forward_m"].to_numpy(), 0.0, atol=1e-9)
+    assert (gap[gap["engine"] == "before"]["sim_forward_m"].abs() > 1e-3).any()
     # no overlays: "before" and "after" are the same engine, so the same gap
     before, after = (gap[gap["engine"] == e].sort_values("start") for e in ("before", "after"))
     np.testing.assert_allclose(before["com_error_m"].to_numpy(), after["com_error_m"].to_numpy())
-    assert not gap["sim_collapsed"].any() and not gap["real_collapsed"].any()  # the published turn stays standing
+    analytic = gap[gap["engine"] != "learned"]
+    assert not analytic["sim_collapsed"].any() and not gap["real_collapsed"].any()  # the published turn stands
     assert gap_summary["gap.after.turning.sim_collapsed_runs"] == 0
     real = gap.groupby("start")["real_rotation_deg"].first()
     assert (real > 0).all()  # the published ccw turn turns the twin counter-clockwise from every start
@@ -91,7 +97,8 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     assert gap_summary["gap.after.com_error_m"] == pytest.approx(after["com_error_m"].mean())
     assert gap_summary["gap.after.turning.com_error_m"] == pytest.approx(after["com_error_m"].mean())
     markdown = (Path(evaluated.path) / SUMMARY_FILE).read_text()
-    assert f"| turning | {before['com_error_m'].mean():.3f} → {after['com_error_m'].mean():.3f} |" in markdown
+    means = (gap[gap["engine"] == e]["com_error_m"].mean() for e in ("before", "after", "learned"))
+    assert "| turning | {:.3f} → {:.3f} → {:.3f} |".format(*means) in markdown
 
     run_redeploy(configs, 1, refs["attach"], refs["gaits"], hardware)
     assert len(executions) == 3  # every run already recorded: nothing runs again

@@ -36,7 +36,7 @@ DUMMY = Stage("dummy", dummy, inputs=("collect",), version="1", sections=("track
 
 def test_the_table_names_every_stage_once_in_flow_order() -> None:
     names = stage_table.stage_names()
-    assert names == ("collect", "track", "attach", "sysid", "gaits", "redeploy", "evaluate")
+    assert names == ("collect", "track", "attach", "sysid", "learn", "gaits", "redeploy", "evaluate")
     assert stage_table.hardware_stages() == ("collect", "redeploy")
     for stage in stage_table.TABLE:  # every input runs before the stage that reads it
         assert all(names.index(name) < names.index(stage.name) for name in stage.inputs), stage.name

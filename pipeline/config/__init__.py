@@ -14,6 +14,7 @@ name says otherwise. Unknown keys are rejected so typos fail before anything run
 """
 
 from pipeline.config.base import CapPair, Fraction, NonNegative, Positive, StrictModel
+from pipeline.config.learned import ContactModelConfig, CurriculumConfig, LearnConfig, PretrainConfig
 from pipeline.config.loading import (
     LoadedConfigs,
     apply_overrides,
@@ -79,6 +80,8 @@ __all__ = [
     "CapPair",
     "CollectConfig",
     "ContactConfig",
+    "ContactModelConfig",
+    "CurriculumConfig",
     "EndCapConfig",
     "EngineConfig",
     "EngineParameter",
@@ -90,6 +93,7 @@ __all__ = [
     "GradientConfig",
     "GroundConfig",
     "LatencyConfig",
+    "LearnConfig",
     "LoadedConfigs",
     "MotorConfig",
     "NonNegative",
@@ -98,6 +102,7 @@ __all__ = [
     "PassiveCableConfig",
     "PipelineConfig",
     "Positive",
+    "PretrainConfig",
     "PriorConfig",
     "RandomPolicyConfig",
     "RedeployConfig",

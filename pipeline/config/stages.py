@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from pipeline.config.base import Fraction, Positive, StrictModel
+from pipeline.config.learned import LearnConfig
 from pipeline.config.sysid import SysidConfig
 
 
@@ -211,6 +212,7 @@ class PipelineConfig(StrictModel):
     track: TrackConfig = TrackConfig()
     attach: AttachConfig = AttachConfig()
     sysid: SysidConfig = SysidConfig()
+    learn: LearnConfig = LearnConfig()
     gaits: GaitsConfig = GaitsConfig()
     redeploy: RedeployConfig = RedeployConfig()
     runner: RunnerConfig = RunnerConfig()

@@ -84,6 +84,22 @@ class State:
         return State(**{f.name: torch.cat([getattr(s, f.name) for s in states]) for f in fields(State)})
 
 
+@dataclass(frozen=True)
+class FreeMotion:
+    """A step's motion before contact (:meth:`Engine.free_motion`): the new ``rest_length`` and
+    ``motor_omega`` (B, 6); the rods' ``rotations`` (B, 3, 3, 3) and body-point lever ``arms``
+    (B, 3, K, 3) m at the step's start; the velocities ``vel``, ``omega`` (B, 3, 3) after cable
+    forces and gravity; the cables' ``tension`` (B, 9) N."""
+
+    rest_length: torch.Tensor
+    motor_omega: torch.Tensor
+    rotations: torch.Tensor
+    arms: torch.Tensor
+    vel: torch.Tensor
+    omega: torch.Tensor
+    tension: torch.Tensor
+
+
 def _batch_dynamic(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``tensors``, their first (batch) dimension marked as maybe dynamic for ``torch.compile``: what
     the eager parts of a compiled step (:meth:`Engine._rod_contact`, :meth:`Engine._rod_separation`)
@@ -104,7 +120,7 @@ def _symmetric_inverse(k: torch.Tensor) -> torch.Tensor:
     return torch.stack([ca, cb, cc, cb, cd, ce, cc, ce, cf], -1).reshape(k.shape) / det[..., None, None]
 
 
-def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Cross product on the last axis, broadcasting (faster than linalg.cross for many small vectors)."""
     a0, a1, a2 = a.unbind(-1)
     b0, b1, b2 = b.unbind(-1)
@@ -184,7 +200,7 @@ class Engine:
         rods = index // arms.shape[2]
         lever = arms.reshape(batch, -1, 3)[:, index]
         zero = torch.zeros(batch, arms.shape[1], 3, dtype=arms.dtype, device=arms.device)
-        return zero.index_add(1, rods, point_vectors), zero.index_add(1, rods, _cross(lever, point_vectors))
+        return zero.index_add(1, rods, point_vectors), zero.index_add(1, rods, cross(lever, point_vectors))
 
     # ----------------------------------------------------------------- dynamics
     def cable_tensions(
@@ -214,18 +230,21 @@ class Engine:
 
     def advance(self, params: Params, state: State, control: torch.Tensor) -> State:
         """:meth:`step` in eager mode (what :func:`compiled_step` compiles)."""
+        free = self.free_motion(params, state, control)
+        vel, omega, bounce_height = self._ground_contact(params, state, free.vel, free.omega, free.rotations, free.arms)
+        return self.finish(state, free, vel, omega, bounce_height)
+
+    def free_motion(self, params: Params, state: State, control: torch.Tensor) -> FreeMotion:
+        """Steps 1-3 of :meth:`step`: motors, cable forces and gravity, integrated into the
+        velocities the rods would have without contact."""
         m = self.model
         dt = self.dt
         batch = state.batch_size
-        omega_cmd = motor_speed_rad_s(params.motor_speed[:, None], self.omega_max, control)
-        lag = torch.exp(-dt / params.motor_time_constant.clamp(min=1e-6))[:, None]
-        omega_motor = omega_cmd + (state.motor_omega - omega_cmd) * lag
-        rest = state.rest_length - rest_length_change_m(state.motor_omega, omega_motor, self.winch_radius, dt)
-        rest = rest.clamp(*REST_LENGTH_LIMITS_M)
+        rest, omega_motor = self.motors(params, state.rest_length, state.motor_omega, control)
 
         rotations = quat_to_matrix(state.quat)
         points, arms = self._points(state, rotations)
-        point_vel = state.vel[:, :, None] + _cross(state.omega[:, :, None], arms)
+        point_vel = state.vel[:, :, None] + cross(state.omega[:, :, None], arms)
         flat_points = points.reshape(batch, -1, 3)
         flat_vel = point_vel.reshape(batch, -1, 3)
         tension, direction = self.cable_tensions(params, flat_points, flat_vel, rest)
@@ -236,19 +255,53 @@ class Engine:
         vel = state.vel + force / m.mass[:, None] * dt
         w_body = self._to_body(rotations, state.omega)
         t_body = self._to_body(rotations, torque)
-        w_body = w_body + dt * (t_body - _cross(w_body, w_body * m.inertia)) / m.inertia
+        w_body = w_body + dt * (t_body - cross(w_body, w_body * m.inertia)) / m.inertia
         omega = self._to_world(rotations, w_body)
+        return FreeMotion(
+            rest_length=rest,
+            motor_omega=omega_motor,
+            rotations=rotations,
+            arms=arms,
+            vel=vel,
+            omega=omega,
+            tension=tension,
+        )
 
-        vel, omega, bounce_height = self._ground_contact(params, state, vel, omega, rotations, arms)
+    def motors(
+        self, params: Params, rest_length: torch.Tensor, motor_omega: torch.Tensor, control: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 1 of :meth:`step`: the actuated cables' rest lengths and the motors' speeds (each
+        (B, 6), m and rad/s) one step after ``rest_length``, ``motor_omega`` under ``control``."""
+        omega_cmd = motor_speed_rad_s(params.motor_speed[:, None], self.omega_max, control)
+        lag = torch.exp(-self.dt / params.motor_time_constant.clamp(min=1e-6))[:, None]
+        omega = omega_cmd + (motor_omega - omega_cmd) * lag
+        rest = rest_length - rest_length_change_m(motor_omega, omega, self.winch_radius, self.dt)
+        return rest.clamp(*REST_LENGTH_LIMITS_M), omega
+
+    def finish(
+        self,
+        state: State,
+        free: FreeMotion,
+        vel: torch.Tensor,
+        omega: torch.Tensor,
+        bounce_height: torch.Tensor | None,
+    ) -> State:
+        """Steps 4 and 6 of :meth:`step`: contact between rods on the velocities ``vel``, ``omega``
+        (B, 3, 3) that ground contact left, then positions and orientations; with ``bounce_height``
+        (per ground contact, from :meth:`_ground_contact`) the ground's position correction."""
+        rotations = free.rotations
         on_i, on_j = self._shape_closest_points(state.pos.detach(), rotations.detach())
         vel, omega, near = self._rod_contact(state, vel, omega, rotations, on_i, on_j)
 
-        pos = state.pos + vel * dt
-        quat = quat_integrate(state.quat, omega, dt)
+        pos = state.pos + vel * self.dt
+        quat = quat_integrate(state.quat, omega, self.dt)
         new_rotations = quat_to_matrix(quat)
-        pos = pos + self._penetration_correction(pos, new_rotations, bounce_height).detach()
+        if bounce_height is not None:
+            pos = pos + self._penetration_correction(pos, new_rotations, bounce_height).detach()
         pos = pos + self._rod_separation(pos.detach(), new_rotations.detach(), near)
-        return State(pos=pos, quat=quat, vel=vel, omega=omega, rest_length=rest, motor_omega=omega_motor)
+        return State(
+            pos=pos, quat=quat, vel=vel, omega=omega, rest_length=free.rest_length, motor_omega=free.motor_omega
+        )
 
     @torch.compiler.disable
     def _rod_contact(
@@ -289,8 +342,8 @@ class Engine:
         arm_i, arm_j = on_i - pos[env, first], on_j - pos[env, second]
         arms = torch.cat([arm_i, arm_j])
         inverse_inertia = 1.0 / m.inertia
-        lever_i = self._to_body(flat_rot[rows_i], _cross(arm_i, normal))
-        lever_j = self._to_body(flat_rot[rows_j], _cross(arm_j, normal))
+        lever_i = self._to_body(flat_rot[rows_i], cross(arm_i, normal))
+        lever_j = self._to_body(flat_rot[rows_j], cross(arm_j, normal))
         w = 1.0 / m.mass[first] + 1.0 / m.mass[second]
         w = w + (lever_i**2 * inverse_inertia).sum(-1) + (lever_j**2 * inverse_inertia).sum(-1)
         flat_vel, flat_omega = vel.detach().reshape(-1, 3), omega.detach().reshape(-1, 3)
@@ -298,7 +351,7 @@ class Engine:
         d_vel, d_omega = torch.zeros_like(flat_vel), torch.zeros_like(flat_omega)
         for _ in range(ROD_CONTACT_SWEEPS):
             v, o = flat_vel + d_vel, flat_omega + d_omega
-            v_n = ((v[rows_i] + _cross(o[rows_i], arm_i) - v[rows_j] - _cross(o[rows_j], arm_j)) * normal).sum(-1)
+            v_n = ((v[rows_i] + cross(o[rows_i], arm_i) - v[rows_j] - cross(o[rows_j], arm_j)) * normal).sum(-1)
             active = gap + v_n * self.dt < 0
             if not bool(active.any()):
                 break
@@ -306,7 +359,7 @@ class Engine:
             on_rods = torch.cat([impulse, -impulse])  # (2N, 3): on each pair's first rods, then second
             zero = torch.zeros_like(flat_vel)
             d_vel = d_vel + zero.index_add(0, rows, on_rods) / mass
-            d_angular = zero.index_add(0, rows, _cross(arms, on_rods))
+            d_angular = zero.index_add(0, rows, cross(arms, on_rods))
             d_omega = d_omega + self._to_world(flat_rot, self._to_body(flat_rot, d_angular) * inverse_inertia)
         return _batch_dynamic(vel + d_vel.view_as(vel), omega + d_omega.view_as(omega), near)
 
@@ -376,7 +429,7 @@ class Engine:
         rods = self._contact_rod
         radius = m.contact_radius[:, None]
         lever = torch.cat([arm[..., :2], arm[..., 2:] - radius], -1)  # rod centre to the touching lowest point
-        v_point = vel[:, rods] + _cross(omega[:, rods], lever)
+        v_point = vel[:, rods] + cross(omega[:, rods], lever)
         gap = state.pos[:, rods, 2] + arm[..., 2] - m.contact_radius
         v_n = v_point[..., 2]
         active = gap + v_n * dt < 0
@@ -385,14 +438,14 @@ class Engine:
         rot = rotations[:, rods].detach()
         normal_body = rot[..., 2, :]  # R^T z: the world z axis in each rod's frame
         local = self._contact_local - radius * normal_body  # the touching point in the rod's frame
-        lever_n = _cross(self._contact_local, normal_body)  # the radius along the normal adds no lever
+        lever_n = cross(self._contact_local, normal_body)  # the radius along the normal adds no lever
         w_n = inv_mass + (lever_n * lever_n * inv_inertia).sum(-1)
         share = 1.0 / torch.matmul(active.to(arm.dtype), m.contact_incidence).clamp(min=1.0)[:, rods]
         e = params.restitution[:, None].expand_as(gap)
         j_n = normal_impulse(v_n, w_n, e, active, detach=True, bounce_speed=self.bounce_speed)
         v_t = torch.stack([v_point[..., 0], v_point[..., 1], torch.zeros_like(v_n)], dim=-1)
         t_world = v_t.detach() / (v_t.detach().norm(dim=-1, keepdim=True) + 1e-12)
-        lever_t = _cross(local.detach(), self._to_body(rot, t_world))
+        lever_t = cross(local.detach(), self._to_body(rot, t_world))
         w_t = inv_mass + (lever_t * lever_t * inv_inertia).sum(-1)
         mu = params.friction[:, None].expand_as(gap)
         friction = friction_impulse(v_t, w_t, mu, j_n, detach=True)
@@ -405,7 +458,7 @@ class Engine:
 
         def apply(contact_impulse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             d_momentum = zero.index_add(1, rods, contact_impulse)
-            d_angular = zero.index_add(1, rods, _cross(lever_fixed, contact_impulse))
+            d_angular = zero.index_add(1, rods, cross(lever_fixed, contact_impulse))
             d_omega = self._to_world(rot_fixed, self._to_body(rot_fixed, d_angular) / m.inertia)
             return vel + d_momentum / m.mass[:, None], omega + d_omega
 
@@ -417,7 +470,7 @@ class Engine:
                 accumulated = impulse.detach().clone()
                 for _ in range(self.contact_iterations):
                     v_new, w_new = apply(accumulated)
-                    residual = target - (v_new[:, rods] + _cross(w_new[:, rods], lever_fixed))
+                    residual = target - (v_new[:, rods] + cross(w_new[:, rods], lever_fixed))
                     correction = self._to_world(rot, self._to_world(inverse_k, self._to_body(rot, residual)))
                     accumulated = accumulated + relax * correction
                     normal = accumulated[..., 2].clamp(min=0.0)

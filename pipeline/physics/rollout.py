@@ -170,6 +170,19 @@ def run_policy(
     return at_end, trace
 
 
+def run_commands(engine: Engine, params: Params, state: State, applied: torch.Tensor, tick_s: float) -> torch.Tensor:
+    """Open loop: the commands ``applied`` ((B, T, 6), those that reach the motors during each
+    tick) held for the ticks of ``tick_s``, from ``state``; returns the end caps (B, T + 1, 6, 3)
+    at every tick, the start's first."""
+    substeps = max(1, round(tick_s / engine.dt))
+    caps = [engine.cap_positions(state)]
+    for k in range(applied.shape[1]):
+        for _ in range(substeps):
+            state = engine.step(params, state, applied[:, k])
+        caps.append(engine.cap_positions(state))
+    return torch.stack(caps, 1)
+
+
 def _where_state(envs: torch.Tensor, chosen: State, other: State) -> State:
     """Per environment, ``chosen`` where ``envs`` (B,) bool is set, else ``other``."""
     return State(

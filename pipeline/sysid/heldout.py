@@ -55,10 +55,14 @@ def split_recordings(
     return SysidData(robot, recordings, gaits, fit, held)
 
 
-def replay_held_out(configs: LoadedConfigs, data: SysidData, robot: RobotConfig, params: Params) -> dict[str, Replay]:
-    """Replay ``params`` (one environment) in the engine of ``robot`` on each recording's held-out gaits."""
+def replay_held_out(
+    configs: LoadedConfigs, data: SysidData, robot: RobotConfig, params: Params, engine: Engine | None = None
+) -> dict[str, Replay]:
+    """Replay ``params`` (one environment) on each recording's held-out gaits in ``engine`` (by
+    default the analytic engine of ``robot`` at ``sysid.dt_s``)."""
     config = configs.pipeline.sysid
-    engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s, compiled=configs.pipeline.engine.compiled)
+    if engine is None:
+        engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s, compiled=configs.pipeline.engine.compiled)
     timeout_s = configs.pipeline.collect.segment_timeout_s
     replays = {}
     for name, own in data.held_out().items():

@@ -1,0 +1,96 @@
+"""Encode-process-decode graph network over a :class:`~pipeline.learned.graph.RobotGraph`.
+
+Every multi-layer perceptron has two layers with a ReLU between them; all but the decoder end in
+LayerNorm. One encoder per node and edge type lifts the (normalised) features to ``latent``
+numbers; each of ``steps`` message-passing steps (weights not shared between steps) updates every
+edge from its two nodes and itself, then every node from itself and the sums of its incoming
+edges of each type, both with residual connections; the decoder maps each node to its velocity
+change (3). The ground node's latent is a learned vector (it has no features of its own).
+
+The graph is the same in every environment, so a batch is a leading dimension and the
+aggregation is an ``index_add`` over the node dimension (plain torch: for a graph of a few dozen
+nodes this serves batches faster than a flattened graph library batch; docs/learned-contact.md).
+Shapes: B environments, N rod nodes, E_b body and E_c cable edges; the contact edges are one per
+rod node, masked by ``contact`` (B, N).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pipeline.learned.graph import RobotGraph
+
+
+class MLP(nn.Sequential):
+    """Linear, ReLU, Linear, then LayerNorm unless ``norm`` is false."""
+
+    def __init__(self, n_in: int, n_out: int, width: int, norm: bool = True) -> None:
+        layers: list[nn.Module] = [nn.Linear(n_in, width), nn.ReLU(), nn.Linear(width, n_out)]
+        if norm:
+            layers.append(nn.LayerNorm(n_out))
+        super().__init__(*layers)
+
+
+class Normaliser(nn.Module):
+    """Zero mean, unit variance per feature, from statistics fitted once to training data
+    (buffers: they travel with the state dict)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(size))
+        self.register_buffer("std", torch.ones(size))
+
+    def fit(self, samples: torch.Tensor) -> None:
+        """Set the statistics from ``samples`` (..., size); a feature that never varies keeps std 1."""
+        flat = samples.reshape(-1, samples.shape[-1]).to(self.mean.dtype)
+        std = flat.std(0)
+        self.mean.copy_(flat.mean(0))
+        self.std.copy_(torch.where(std > 1e-9, std, torch.ones_like(std)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        return y * self.std + self.mean
+
+
+class ContactNetwork(nn.Module):
+    """The graph network: features in, per-node velocity change (B, N, 3) in m/s out."""
+
+    def __init__(self, graph: RobotGraph, sizes: dict[str, int], latent: int, steps: int) -> None:
+        """``sizes``: the feature count of ``node``, ``body``, ``cable`` and ``contact``."""
+        super().__init__()
+        self.graph = graph
+        self.sizes = dict(sizes)
+        self.normalisers = nn.ModuleDict({kind: Normaliser(n) for kind, n in sizes.items()})
+        self.target = Normaliser(3)
+        self.encoders = nn.ModuleDict({kind: MLP(n, latent, latent) for kind, n in sizes.items()})
+        self.ground = nn.Parameter(torch.zeros(latent))
+        self.edge_updates = nn.ModuleList(
+            nn.ModuleDict({kind: MLP(3 * latent, latent, latent) for kind in ("body", "cable", "contact")})
+            for _ in range(steps)
+        )
+        self.node_updates = nn.ModuleList(MLP(4 * latent, latent, latent) for _ in range(steps))
+        self.decoder = MLP(latent, 3, latent, norm=False)
+
+    def forward(self, features: dict[str, torch.Tensor], contact: torch.Tensor) -> torch.Tensor:
+        """Velocity changes (B, N, 3) m/s from ``features`` (kind -> (B, count, size), raw units)
+        and the contact mask (B, N)."""
+        g = self.graph
+        latent = {kind: self.encoders[kind](self.normalisers[kind](x)) for kind, x in features.items()}
+        nodes, body, cable, touch = latent["node"], latent["body"], latent["cable"], latent["contact"]
+        mask = contact[..., None].to(nodes.dtype)
+        ground = self.ground.expand_as(nodes)
+        for edge_update, node_update in zip(self.edge_updates, self.node_updates, strict=True):
+            body = body + edge_update["body"](torch.cat([nodes[:, g.body_src], nodes[:, g.body_dst], body], -1))
+            cable = cable + edge_update["cable"](torch.cat([nodes[:, g.cable_src], nodes[:, g.cable_dst], cable], -1))
+            touch = touch + edge_update["contact"](torch.cat([ground, nodes, touch], -1))
+            zero = torch.zeros_like(nodes)
+            summed = [
+                zero.index_add(1, g.body_dst, body),
+                zero.index_add(1, g.cable_dst, cable),
+                touch * mask,
+            ]
+            nodes = nodes + node_update(torch.cat([nodes, *summed], -1))
+        return self.target.inverse(self.decoder(nodes))

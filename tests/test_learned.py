@@ -1,0 +1,194 @@
+"""The learned contact: the robot's graph, the hybrid step, the training data and the training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.errors import DataError
+from pipeline.learned.data import Trajectory, states_along, windows
+from pipeline.learned.engine import FEATURE_SIZES, LearnedEngine, features
+from pipeline.learned.graph import RobotGraph
+from pipeline.learned.network import ContactNetwork
+from pipeline.physics import Engine, Params, RobotModel
+from pipeline.physics.rollout import rest_start
+from pipeline.physics.rotations import quat_to_matrix
+from pipeline.robot_model import cable_pairs, rod_of_cap
+
+
+@pytest.fixture(scope="module")
+def model(default_configs) -> RobotModel:
+    return RobotModel.from_robot(default_configs.robot)
+
+
+@pytest.fixture(scope="module")
+def graph(model) -> RobotGraph:
+    return RobotGraph.of(model, inner_nodes=3, contact_radius_m=0.03)
+
+
+def test_graph_of_the_tribar(default_configs, graph) -> None:
+    """Seven nodes per rod (two end caps, two motors, three between), body edges between
+    neighbours both ways, a cable edge both ways between the end caps each cable joins."""
+    robot = default_configs.robot
+    assert graph.n_nodes == 21 and graph.per_rod == 7
+    assert len(graph.body_src) == 2 * 3 * 6 and len(graph.cable_src) == 2 * 9
+    rods = graph.node_rod
+    assert bool((rods[graph.body_src] == rods[graph.body_dst]).all())
+    assert bool(((graph.body_src - graph.body_dst).abs() == 1).all())
+    joined = {(int(a), int(b)) for a, b in zip(graph.cable_src, graph.cable_dst, strict=True)}
+    expected = {(int(graph.cap_node[a]), int(graph.cap_node[b])) for a, b in cable_pairs(robot)}
+    assert joined == expected | {(b, a) for a, b in expected}
+    of_cap = rod_of_cap(robot)
+    for cap, node in enumerate(graph.cap_node.tolist()):
+        assert int(rods[node]) == of_cap[cap]
+        assert abs(float(graph.node_z[node])) == pytest.approx(robot.rod.length_m / 2)
+
+
+def test_contact_edges_appear_and_vanish_with_height(default_configs, model, graph) -> None:
+    """At rest on a face the support triangle's end caps (and the bars' low nodes) touch; lifted
+    by more than the contact radius, no node has a contact edge."""
+    engine = Engine(model, dt=0.005)
+    params = Params.from_robot(default_configs.robot)
+    state = rest_start(engine, params, default_configs.robot)
+    rotations = quat_to_matrix(state.quat)
+    resting = graph.contact_mask(graph.node_positions(state.pos, rotations))[0]
+    touching_caps = {c for c, node in enumerate(graph.cap_node.tolist()) if resting[node]}
+    assert touching_caps == {0, 2, 5}
+    lifted = state.pos + torch.tensor([0.0, 0.0, 0.031])
+    assert not bool(graph.contact_mask(graph.node_positions(lifted, rotations)).any())
+
+
+def test_rigid_fit_recovers_a_rigid_velocity_change(model, graph) -> None:
+    """Node velocity changes of a rigid motion (without spin about the axis) come back exactly;
+    a spin about the axis, which axis nodes cannot show, comes back as none."""
+    network = ContactNetwork(graph, FEATURE_SIZES, latent=8, steps=1)
+    engine = LearnedEngine(model, network, dt=0.02)
+    generator = torch.Generator().manual_seed(0)
+    quat = torch.nn.functional.normalize(torch.randn(2, 3, 4, generator=generator, dtype=torch.float64), dim=-1)
+    rotations = quat_to_matrix(quat)
+    d_vel = torch.randn(2, 3, 3, generator=generator, dtype=torch.float64)
+    d_omega = torch.randn(2, 3, 3, generator=generator, dtype=torch.float64)
+    axis = rotations[..., 2]
+    d_omega = d_omega - (d_omega * axis).sum(-1, keepdim=True) * axis
+    arms = graph.node_z[None, :, None] * axis[:, graph.node_rod]
+    spin = 5.0 * axis[:, graph.node_rod]  # about the axis: moves no node on it
+    nodes = d_vel[:, graph.node_rod] + torch.linalg.cross(d_omega[:, graph.node_rod] + spin, arms)
+    fitted_vel, fitted_omega = engine.rigid_fit(nodes, rotations)
+    torch.testing.assert_close(fitted_vel, d_vel)
+    torch.testing.assert_close(fitted_omega, d_omega)
+
+
+def test_features_have_their_documented_sizes(default_configs, model, graph) -> None:
+    engine = Engine(model, dt=0.02)
+    params = Params.from_robot(default_configs.robot)
+    state = rest_start(Engine(model, dt=0.005), params, default_configs.robot)
+    free = engine.free_motion(params, state, torch.zeros(1, 6))
+    graph_features, v_free, contact = features(graph, params, state, free)
+    counts = {"node": 21, "body": 36, "cable": 18, "contact": 21}
+    assert {k: tuple(v.shape) for k, v in graph_features.items()} == {
+        k: (1, counts[k], FEATURE_SIZES[k]) for k in counts
+    }
+    assert v_free.shape == (1, 21, 3) and contact.shape == (1, 21)
+    # the cables' forces cancel in the sum: the nodes (symmetric about each rod's centre) fall by
+    # gravity on average, g * dt
+    assert float(graph_features["node"][0, :, 3:6].mean(0)[2]) == pytest.approx(-9.81 * 0.02)
+    torch.testing.assert_close(graph_features["node"][0, :, 3:5].mean(0), torch.zeros(2, dtype=torch.float64))
+
+
+def test_states_along_a_trajectory(default_configs, model, graph) -> None:
+    """Velocities are the finite differences of the rod centres over the last tick; the rest
+    lengths follow the commands through the motor model, the latency later."""
+    robot = default_configs.robot
+    engine = Engine(model, dt=0.02)
+    params = Params.from_robot(robot)
+    start = rest_start(Engine(model, dt=0.005), params, robot)
+    caps = engine.cap_positions(start)[0].numpy()
+    n = 12
+    moved = caps[None] + np.linspace(0, 0.11, n)[:, None, None] * np.array([1.0, 0.0, 0.0])
+    control = np.zeros((n, 6))
+    control[:, 0] = 1.0
+    along = states_along(engine, params, graph, Trajectory("line", moved, control, 0.02), latency_s=0.04)
+    torch.testing.assert_close(along.states.vel[2:, :, 0], torch.full((n - 2, 3), 0.01 / 0.02, dtype=torch.float64))
+    rest = along.states.rest_length[:, 0]
+    assert rest[0] == rest[2] and rest[3] < rest[2]  # the command of tick 0 reaches the motor at tick 2
+    assert bool((along.states.rest_length[:, 1:] == along.states.rest_length[0, 1:]).all())
+    chunks = windows([along], 4)
+    assert len(chunks) == n - 1 - 4 and chunks.target.shape == (n - 5, 4, 21, 3)
+    torch.testing.assert_close(chunks.target[0, 0], along.nodes[2])
+
+
+def test_bad_trajectories_are_refused() -> None:
+    with pytest.raises(DataError, match="'short'"):
+        Trajectory("short", np.zeros((2, 6, 3)), np.zeros((2, 6)), 0.02)
+    with pytest.raises(DataError, match="'bent'.*\\(T, 6, 3\\)"):
+        Trajectory("bent", np.zeros((5, 5, 3)), np.zeros((5, 6)), 0.02)
+    with pytest.raises(DataError, match="'nan'"):
+        Trajectory("nan", np.full((5, 6, 3), np.nan), np.zeros((5, 6)), 0.02)
+
+
+def test_a_saved_model_loads_back_and_rolls_out_the_same(tmp_path, default_configs, model) -> None:
+    """Weights, normalisation and config survive the file; a corrupt file, a file of another kind
+    and a model of another robot's graph are refused, each naming the file."""
+    from pipeline.config import ContactModelConfig
+    from storage.contact_model import build_network, load_contact_model, save_contact_model
+
+    config = ContactModelConfig(latent=8, message_passing_steps=1)
+    network = build_network(model, config)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for parameter in network.parameters():
+            parameter.normal_(0.0, 0.1)
+        network.target.std.fill_(0.2)
+    path = tmp_path / "contact.safetensors"
+    save_contact_model(path, network, config, default_configs.robot, {"trained_on": "test"})
+    loaded, loaded_config, metadata = load_contact_model(path, model)
+    assert loaded_config == config and metadata == {"trained_on": "test"}
+    params = Params.from_robot(default_configs.robot)
+    start = rest_start(Engine(model, dt=0.005), params, default_configs.robot)
+    runs = []
+    for net in (network, loaded):
+        state = start
+        with torch.no_grad():
+            for _ in range(5):
+                state = LearnedEngine(model, net, dt=0.01).step(params, state, torch.full((1, 6), 0.5))
+        runs.append(state.pos)
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], start.pos)
+
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(DataError, match="corrupt.safetensors"):
+        load_contact_model(corrupt, model)
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(b"not a model at all")
+    with pytest.raises(DataError, match="other.safetensors"):
+        load_contact_model(other, model)
+    longer = default_configs.robot.model_copy(
+        update={"rod": default_configs.robot.rod.model_copy(update={"length_m": 0.4})}
+    )
+    with pytest.raises(DataError, match="contact.safetensors.*graph does not match"):
+        load_contact_model(path, RobotModel.from_robot(longer))
+
+
+def test_turned_windows_are_the_same_physics(default_configs, model, graph) -> None:
+    """The augmentation turns a window about the vertical: a step of the analytic engine from the
+    turned start is the turned step (ground and gravity do not care which way the robot faces)."""
+    from pipeline.learned.data import Windows
+    from pipeline.learned.training import turned
+
+    robot = default_configs.robot
+    engine = Engine(model, dt=0.01)
+    params = Params.from_robot(robot)
+    start = rest_start(Engine(model, dt=0.005), params, robot)
+    caps = engine.cap_positions(start)[0].numpy()
+    control = np.tile([1.0, -1.0, 0.5, 0.0, -0.5, 1.0], (8, 1))
+    along = states_along(engine, params, graph, Trajectory("still", np.repeat(caps[None], 8, 0), control, 0.02), 0.0)
+    data = windows([along], 2)
+    angle = torch.linspace(-3.0, 3.0, len(data), dtype=torch.float64)
+    batch = params.expand(len(data))
+    stepped = engine.step(batch, data.start, data.control[:, 0])
+    then_turned = turned(Windows(stepped, data.control, data.target), angle).start
+    turned_then = engine.step(batch, turned(data, angle).start, data.control[:, 0])
+    torch.testing.assert_close(turned_then.pos, then_turned.pos)
+    torch.testing.assert_close(turned_then.vel, then_turned.vel)
+    assert not torch.allclose(turned(data, angle).target, data.target)
