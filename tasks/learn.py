@@ -149,7 +149,6 @@ def run_learn(
             bar.update(job, advance=1, loss=epoch.validation_loss)
 
         network, pretrained = pretrained_network(configs, advance)
-        bar.update(job, completed=sum(learn.pretrain.curriculum.epochs), description="fine-tuning")
         bar.reset(job, total=sum(learn.fine_tune.epochs), description="fine-tuning")
         model = RobotModel.from_robot(robot)
         params = Params.from_robot(robot)

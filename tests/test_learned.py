@@ -192,3 +192,23 @@ def test_turned_windows_are_the_same_physics(default_configs, model, graph) -> N
     torch.testing.assert_close(turned_then.pos, then_turned.pos)
     torch.testing.assert_close(turned_then.vel, then_turned.vel)
     assert not torch.allclose(turned(data, angle).target, data.target)
+
+
+def test_a_recording_becomes_a_trajectory_at_the_control_ticks() -> None:
+    """Tracked end caps are interpolated at the ticks from the first sensor sample; each tick takes
+    the command of the sensor sample nearest it; a recording without commands is refused by name."""
+    from pipeline.learned.data import recording_trajectory
+    from pipeline.sysid.data import Recording
+
+    t = np.array([0.0, 0.021, 0.039, 0.061, 0.080])  # one sample per 20 ms tick, with jitter
+    control = np.arange(5.0)[:, None] * np.ones((1, 6))
+    caps_t = np.array([0.0, 0.1])
+    caps = np.stack([np.zeros((6, 3)), np.ones((6, 3))])
+    recording = Recording("r", t, np.zeros(5, int), np.zeros((5, 6)), control, np.zeros((5, 9)), caps_t, caps)
+    trajectory = recording_trajectory(recording, 0.02)
+    assert len(trajectory) == 5 and trajectory.name == "r"
+    np.testing.assert_allclose(trajectory.caps_m[:, 0, 0], [0.0, 0.2, 0.4, 0.6, 0.8])
+    np.testing.assert_array_equal(trajectory.control[:, 0], [0.0, 1.0, 2.0, 3.0, 4.0])
+    blind = Recording("blind", t, np.zeros(5, int), np.zeros((5, 6)), None, np.zeros((5, 9)), caps_t, caps)
+    with pytest.raises(DataError, match="'blind'.*no motor commands"):
+        recording_trajectory(blind, 0.02)
