@@ -369,6 +369,12 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
         **dict.fromkeys(("collect", "track", "attach"), "cached"),
         **dict.fromkeys(("sysid", "learn", "gaits", "redeploy", "evaluate"), "stale"),
     }
+    # the learned contact's training is its own: gaits does not read it, evaluate does
+    retrained = load_all(config, {"learn.fine_tune.epochs": [2]})
+    assert stage_status(retrained, 1) == {
+        **dict.fromkeys(("collect", "track", "attach", "sysid", "gaits", "redeploy"), "cached"),
+        **dict.fromkeys(("learn", "evaluate"), "stale"),
+    }
     assert stage_status(configs, 2)["collect"] == "cached" and stage_status(configs, 2)["track"] == "missing"
 
     # the terminal table of the iterations' headline metrics
