@@ -10,18 +10,22 @@ twin's true motion (:func:`twin_trajectory`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from pipeline.config import LoadedConfigs, RobotConfig, TwinConfig
 from pipeline.hardware.base import GroundTruthPacket, SensorPacket, StartPose
-from pipeline.hardware.twin import MujocoTwin
 from pipeline.learned.data import Trajectory
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
 from pipeline.policies import Policy
 from pipeline.sysid.heldout import SysidData, mean_replay_metrics, reduction_pct, replay_held_out
 from pipeline.sysid.latency import with_latency
+
+if TYPE_CHECKING:
+    from pipeline.hardware.twin import MujocoTwin
 
 
 def twin_true_params(

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
 from pipeline.config import ContactModelConfig, RobotConfig, config_hash
@@ -66,12 +66,9 @@ def save_contact_model(
 def read_header(path: Path) -> dict[str, str]:
     """The metadata of the model file ``path`` (raises :class:`DataError` if it is none)."""
     try:
-        with open(path, "rb") as handle:
-            size = int.from_bytes(handle.read(8), "little")
-            if not 0 < size < 1 << 26:
-                raise ValueError("bad header size")
-            header = json.loads(handle.read(size)).get("__metadata__", {})
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        with safe_open(str(path), "pt") as handle:
+            header = handle.metadata() or {}
+    except (SafetensorError, OSError) as exc:
         raise DataError(f"{path}: not a readable contact model file ({exc})") from exc
     if header.get("format") != FORMAT:
         raise DataError(f"{path}: not a contact model file (format {header.get('format')!r}, expected {FORMAT!r})")

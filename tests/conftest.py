@@ -172,6 +172,7 @@ def empty_overlays(configs: LoadedConfigs, iteration: int) -> dict[str, Ref]:
     a learn stage output whose contact network answers no contact at all (its decoder's last layer
     zero: the learned engine is the free motion)."""
     from pipeline.physics.model import RobotModel
+    from storage.catalog import CONTACT_MODEL_FILE
     from storage.contact_model import build_network, save_contact_model
 
     layout = RunLayout.of(configs)
@@ -187,6 +188,6 @@ def empty_overlays(configs: LoadedConfigs, iteration: int) -> dict[str, Ref]:
     network = build_network(RobotModel.from_robot(configs.robot), learn)
     network.decoder[-1].weight.data.zero_()
     network.decoder[-1].bias.data.zero_()
-    save_contact_model(folder / "contact_model.safetensors", network, learn, configs.robot, {})
+    save_contact_model(folder / CONTACT_MODEL_FILE, network, learn, configs.robot, {})
     refs["learn"] = write_manifest(folder, "learn", complete=True, summary={})
     return refs

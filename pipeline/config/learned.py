@@ -15,8 +15,8 @@ class ContactModelConfig(StrictModel):
 
     dt_s: Positive = Field(
         default=0.01,
-        description="Step of the learned engine (s); the control tick must be a whole number of steps, and "
-        "the analytic cable forces are unstable at steps much longer (docs/learned-contact.md).",
+        description="Step of the learned engine (s); the control tick must be a whole number of steps "
+        "(docs/learned-contact.md).",
     )
     inner_nodes: Annotated[int, Field(ge=0, le=9)] = Field(
         default=3, description="Nodes on each rod's axis between its motors (besides the end caps and motors)."

@@ -123,13 +123,13 @@ def rollout_loss(engine: LearnedEngine, params: Params, data: Windows, tick_s: f
 
 
 def _mean_loss(engine: LearnedEngine, params: Params, data: Windows, tick_s: float, batch_size: int) -> float:
+    """:func:`rollout_loss` over every window of ``data``, in batches; infinite if a rollout diverged."""
     with torch.no_grad():
-        losses = [
-            float(rollout_loss(engine, params, data.take(torch.arange(i, min(i + batch_size, len(data)))), tick_s))
-            * min(batch_size, len(data) - i)
-            for i in range(0, len(data), batch_size)
-        ]
-    mean = sum(losses) / len(data)
+        total = sum(
+            float(rollout_loss(engine, params, data.take(rows), tick_s)) * len(rows)
+            for rows in torch.arange(len(data)).split(batch_size)
+        )
+    mean = total / len(data)
     return mean if math.isfinite(mean) else math.inf
 
 
