@@ -7,7 +7,8 @@ engine replays the recorded commands open loop from the second tick's state, and
 the paper scores (:func:`pipeline.metrics.rollout_errors`): ``e_pos_pct`` (centre-of-mass distance
 in % of the rod length), ``e_rot_deg`` (rod axes), ``e_pen_pct`` / ``e_pen_mm`` (sinking beyond
 the truth's), each averaged over the rollout; and the short-horizon figure the training optimises,
-the mean node distance after 8 ticks over every window of the test trajectories. Engines:
+the mean node distance after 8 ticks over every window of the test trajectories; and how much the
+start states built from the data matter (:func:`start_state_errors`). Engines:
 
 - ``analytic_config``: the analytic engine with the robot config's values (5 ms step);
 - ``analytic_twin``: the analytic engine with the twin's own values where the engine has them;
@@ -26,6 +27,7 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import time
@@ -33,16 +35,15 @@ import time
 import numpy as np
 import torch
 
-from pipeline.config import load_all
+from pipeline.config import LoadedConfigs, load_all
 from pipeline.hardware.twin import MujocoTwin
-from pipeline.learned.data import StatesAlong, Windows, states_along, windows
+from pipeline.learned.data import StatesAlong, Trajectory, states_along, windows
 from pipeline.learned.engine import LearnedEngine
 from pipeline.learned.graph import RobotGraph
-from pipeline.learned.training import train
+from pipeline.learned.training import final_node_error_m, train
 from pipeline.metrics import rollout_errors
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.rollout import run_commands
-from pipeline.physics.rotations import quat_to_matrix
 from pipeline.policies import gait_policy, random_policy
 from pipeline.published_gaits import PUBLISHED_GAITS
 from pipeline.truth import twin_trajectory, twin_true_model, twin_true_params
@@ -65,17 +66,32 @@ def throughput(engine: Engine, params: Params, along: StatesAlong, batch: int, t
     return batch * ticks * tick_s / wall
 
 
-def window_error_mm(engine: Engine, params: Params, data: Windows, graph: RobotGraph, tick_s: float) -> float:
-    """Mean distance (mm) of the graph's nodes from the truth after the last tick of every window
-    of ``data``, each rolled out from its start with its commands."""
-    steps = max(1, round(tick_s / engine.dt))
-    state = data.start
-    with torch.no_grad():
-        for k in range(data.length):
-            for _ in range(steps):
-                state = engine.step(params.expand(len(data)), state, data.control[:, k])
-    nodes = graph.node_positions(state.pos, quat_to_matrix(state.quat))
-    return float(1000 * (nodes - data.target[:, -1]).norm(dim=-1).mean())
+def start_state_errors(
+    trajectories: list[Trajectory], test: np.ndarray, graph: RobotGraph, configs: LoadedConfigs
+) -> dict[str, dict[str, float]]:
+    """How much the start states matter: the analytic engine with the twin's own values, from the
+    states along the test trajectories built with the rod frames' convention and the motor model,
+    with the winch angles, and with the true rolls as well; the mean node error (mm) after 1 and
+    ``WINDOW_TICKS`` ticks."""
+    robot, twin = configs.robot, configs.twin
+    engine, params = Engine(twin_true_model(robot, twin), dt=0.005), twin_true_params(robot, twin)
+    tick_s = 1.0 / robot.pid.control_rate_hz
+    variants = {
+        "convention_motor_model": {"rolls_rad": None, "motor_rad": None},
+        "winch_angles": {"rolls_rad": None},
+        "winch_angles_true_rolls": {},
+    }
+    out = {}
+    for name, changes in variants.items():
+        along = [
+            states_along(engine, params, graph, dataclasses.replace(trajectories[i], **changes), twin.control_latency_s)
+            for i in test
+        ]
+        out[name] = {
+            f"{k}_ticks_node_error_mm": 1000 * final_node_error_m(engine, params, windows(along, k), graph, tick_s)
+            for k in (1, WINDOW_TICKS)
+        }
+    return out
 
 
 def main() -> None:
@@ -131,7 +147,7 @@ def main() -> None:
         "analytic_twin": (Engine(true_model, dt=0.005), true_params),
         "learned": (learned, true_params),
     }
-    figures: dict[str, object] = {}
+    figures: dict[str, object] = {"start_states": start_state_errors(trajectories, test, network.graph, configs)}
     short = windows([along[i] for i in test], WINDOW_TICKS)
     for name, (engine, params) in engines.items():
         errors = []
@@ -142,7 +158,7 @@ def main() -> None:
                 )
             errors.append(rollout_errors(robot, caps[0].numpy(), trajectories[i].caps_m[1:]))
         figures[name] = {key: float(np.mean([e[key] for e in errors])) for key in errors[0]}
-        figures[name][f"window_{WINDOW_TICKS}_ticks_node_error_mm"] = window_error_mm(
+        figures[name][f"window_{WINDOW_TICKS}_ticks_node_error_mm"] = 1000 * final_node_error_m(
             engine, params, short, network.graph, tick_s
         )
         ticks = 50

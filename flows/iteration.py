@@ -146,14 +146,15 @@ def r2s2r_iteration(
                 continue
             if stage.name not in wanted:
                 continue
-            waiting = [name for name in stage.inputs if name in blocked]
+            inputs = stage.inputs_of(configs)
+            waiting = [name for name in inputs if name in blocked]
             if waiting:
                 blocked.add(stage.name)
                 summary["stages"][stage.name] = {"skipped": f"its {waiting[0]} output is stale (--recollect)"}
                 continue
-            call = Call(configs, iteration, {name: ref(name) for name in stage.inputs}, stage.name in fresh)
+            call = Call(configs, iteration, {name: ref(name) for name in inputs}, stage.name in fresh)
             if not hardware and stage.hardware and stage.needs_robot(configs, iteration):
-                if not stage.inputs or stage.is_cached(call):  # the output on disk is this config's
+                if not inputs or stage.is_cached(call):  # the output on disk is this config's
                     summary["stages"][stage.name] = {"ref": ref(stage.name), "cached": True, "note": "hardware not run"}
                 else:
                     blocked.add(stage.name)

@@ -74,12 +74,18 @@ class Stage:
     """The iteration whose output this iteration uses (another: the stage is not run, its output reused)."""
     needs_robot: Callable[[LoadedConfigs, int], bool] = field(default=lambda configs, iteration: True)
     """For a hardware stage: whether running it now would drive the robot."""
+    optional_inputs: Callable[[LoadedConfigs], tuple[str, ...]] = field(default=lambda configs: ())
+    """Stages the config makes it read besides :attr:`inputs` (passed and keyed the same way)."""
+
+    def inputs_of(self, configs: LoadedConfigs) -> tuple[str, ...]:
+        """The stages whose refs it reads under ``configs``: :attr:`inputs`, then the optional ones."""
+        return self.inputs + self.optional_inputs(configs)
 
     def cache_key(self, context: TaskRunContext | None, parameters: dict) -> str:
         """The Prefect cache key of the stage for its task's ``parameters``: the iteration's
         identity, the hashes of its input refs (and :attr:`key_inputs`), its :attr:`sections`
         and its version (:func:`flows.caching.stage_cache_key`)."""
-        inputs = {name: parameters[f"{name}_ref"] for name in self.inputs}
+        inputs = {name: parameters[f"{name}_ref"] for name in self.inputs_of(parameters["configs"])}
         if self.key_inputs is not None:
             inputs.update(self.key_inputs(parameters))
         return stage_cache_key(
@@ -98,7 +104,7 @@ class Stage:
         parameters: dict[str, object] = {"configs": call.configs, "iteration": call.iteration}
         if mlflow_run_id:
             parameters["mlflow_run_id"] = mlflow_run_id
-        parameters.update({f"{name}_ref": call.refs[name] for name in self.inputs})
+        parameters.update({f"{name}_ref": call.refs[name] for name in self.inputs_of(call.configs)})
         if self.arguments is not None:
             parameters.update(self.arguments(call))
         return parameters
@@ -204,7 +210,7 @@ TABLE: tuple[Stage, ...] = (
         "learn",
         learn,
         inputs=("collect", "track", "attach", "sysid"),
-        version="1",
+        version="2",
         sections=("learn", ROBOT_SECTION),
         arguments=lambda call: {"earlier_refs": earlier_data_refs(call.configs, call.layout, call.iteration)},
         key_inputs=_sysid_key_inputs,
@@ -213,9 +219,10 @@ TABLE: tuple[Stage, ...] = (
         "gaits",
         gaits.gaits,
         inputs=("attach", "sysid"),
-        version="6",
+        version="7",
         sections=("gaits", ROBOT_SECTION),
         fan_out=_gait_shards,
+        optional_inputs=lambda configs: ("learn",) if configs.pipeline.engine.contact == "learned" else (),
     ),
     Stage(
         "redeploy",

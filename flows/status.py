@@ -42,7 +42,7 @@ def stage_status(configs: LoadedConfigs, iteration: int) -> dict[str, str]:
         if source != iteration:
             status[stage.name] = stage_status(configs, source)[stage.name]
             continue
-        if any(status[name] != "cached" for name in stage.inputs):
+        if any(status[name] != "cached" for name in stage.inputs_of(configs)):
             status[stage.name] = "stale"
             continue
         try:

@@ -155,6 +155,15 @@ def rod_frames(
     return centres, np.stack([x, y, z], axis=-1)
 
 
+def rod_rolls(robot: RobotConfig, caps: np.ndarray, rotations: np.ndarray) -> np.ndarray:
+    """Each rod's roll (..., 3) rad about its axis: the angle ``roll_rad`` for which
+    :func:`rod_frames` of end caps ``caps`` (..., 6, 3) gives the rod orientations ``rotations``
+    (..., 3, 3, 3), columns the body axes (their x axes projected on the plane normal to the rod)."""
+    _, x, y, _ = _rod_axes(robot, caps, None)
+    body_x = np.asarray(rotations, float)[..., 0]
+    return np.arctan2(np.sum(body_x * y, axis=-1), np.sum(body_x * x, axis=-1))
+
+
 @functools.lru_cache(maxsize=64)
 def _cable_end_arrays(cables: tuple[Cable, ...]) -> tuple[np.ndarray, ...]:
     """Rod indices (2, 9) and body-frame points (2, 9, 3) of both ends of every cable."""

@@ -20,7 +20,9 @@ from pipeline.hardware.base import GroundTruthPacket, SensorPacket, StartPose
 from pipeline.learned.data import Trajectory
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
+from pipeline.physics.rotations import quat_to_matrix
 from pipeline.policies import Policy
+from pipeline.robot_model import rod_rolls
 from pipeline.sysid.heldout import SysidData, mean_replay_metrics, reduction_pct, replay_held_out
 from pipeline.sysid.latency import with_latency
 
@@ -41,7 +43,7 @@ def twin_true_params(
         batch=batch,
         dtype=dtype,
         friction=twin.ground.friction_sliding,
-        restitution=0.0,
+        restitution=twin.ground.restitution(),
         motor_time_constant=twin.motor.time_constant_s,
         motor_speed=robot.motor.speed * twin.motor.omega_max_rad_s * mean_scale / robot.motor.omega_max_rad_s,
         actuated_stiffness=c.actuated_stiffness_n_per_m,
@@ -102,17 +104,23 @@ def twin_trajectory(
     twin: MujocoTwin, policy: Policy, segment_timeout_s: float, start: StartPose | None = None
 ) -> Trajectory:
     """``policy`` run on ``twin`` from ``start`` (default: its rest pose), as the twin's true end
-    caps and the commands at every control tick (no camera frames)."""
+    caps and rods' rolls, the commands and the winch angles at every control tick (no camera
+    frames)."""
     twin.reset(start)
-    caps, commands = [], []
+    caps, quats, commands, angles = [], [], [], []
     for packet in twin.execute(policy, segment_timeout_s, record_frames=False):
         if isinstance(packet, SensorPacket):
             commands.append(packet.control)
+            angles.append(packet.motor_rad)
         elif isinstance(packet, GroundTruthPacket):
             caps.append(packet.caps_m)
+            quats.append(packet.rod_quat)
+    caps_m = np.stack(caps)
     return Trajectory(
         name=f"twin:{policy.policy_id}",
-        caps_m=np.stack(caps),
+        caps_m=caps_m,
         control=np.stack(commands),
         tick_s=1.0 / twin.robot.pid.control_rate_hz,
+        rolls_rad=rod_rolls(twin.robot, caps_m, quat_to_matrix(torch.as_tensor(np.stack(quats))).numpy()),
+        motor_rad=np.stack(angles),
     )

@@ -41,7 +41,15 @@ from storage.contact_model import load_contact_model
 from storage.layout import Ref
 from storage.recording import HARDWARE_FILE, recording_folders
 from storage.tracked import TRACKED_FILE
-from storage.trajectory import CABLE_COLS, CONTROL_COLS, TARGET_COLS, caps_array, read_trajectory
+from storage.trajectory import (
+    CABLE_COLS,
+    CONTROL_COLS,
+    MOTOR_COLS,
+    ROD_QUAT_COLS,
+    TARGET_COLS,
+    caps_array,
+    read_trajectory,
+)
 
 ATTACH_OVERLAY_FILE = "attachment.yaml"
 """attach: the robot-config overlay with the inferred attachment points."""
@@ -117,6 +125,8 @@ def load_recordings(collect_ref: Ref, track_ref: Ref, segment_timeout_s: float) 
             sensors = sensors[sensors["segment"] < sensors["segment"].max()]
             if len(sensors) < 2:
                 continue
+        motors = sensors[MOTOR_COLS].to_numpy() if set(MOTOR_COLS) <= set(sensors.columns) else None
+        quats = tracked[ROD_QUAT_COLS].to_numpy() if set(ROD_QUAT_COLS) <= set(tracked.columns) else None
         recordings[folder.name] = Recording(
             name=folder.name,
             t_s=sensors["t"].to_numpy(),
@@ -127,6 +137,8 @@ def load_recordings(collect_ref: Ref, track_ref: Ref, segment_timeout_s: float) 
             caps_t_s=tracked["t"].to_numpy(),
             caps_m=caps_array(tracked),
             segment_timeout_s=meta.segment_timeout_s or segment_timeout_s,
+            motor_rad=motors if motors is not None and np.isfinite(motors).all() else None,
+            rod_quat=quats.reshape(-1, 3, 4) if quats is not None and np.isfinite(quats).all() else None,
         )
     return recordings
 

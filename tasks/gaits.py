@@ -9,6 +9,11 @@ turning policy (:mod:`pipeline.gaits.pick`), smooths their transitions (re-valid
 engine) and simulates both. It writes ``gaits.json`` (gaits, published comparison, search
 figures), ``policies.json`` (the expanded policies the redeploy stage runs) and
 ``gaits.parquet`` (the gait table).
+
+With ``engine.contact: learned`` the search still runs the fast analytic engine; the published
+gaits' scores, the expansion and judging of the finalists, the smoothing and the final
+simulation run the hybrid engine with the learn stage's contact network instead, so the picks
+are the learned model's (``judged_by`` in ``gaits.json``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from pipeline.physics.engine import State
 from pipeline.physics.rollout import rest_start
 from pipeline.policies import Policy, check_policy
 from pipeline.published_gaits import PUBLISHED_CYCLES
-from storage.catalog import GAIT_TABLE_FILE, GAITS_FILE, POLICIES_FILE, identified_robot
+from storage.catalog import GAIT_TABLE_FILE, GAITS_FILE, POLICIES_FILE, identified_robot, learned_engine
 from storage.files import atomic_write_json
 from storage.layout import Ref, RunLayout, write_manifest
 from storage.tables import write_table
@@ -68,23 +73,41 @@ def run_search_shard(configs: LoadedConfigs, attach_ref: Ref, sysid_ref: Ref, sh
     return search_gaits(engine, params, robot, start, search, shard, search.shards)
 
 
+def judging_engine(
+    configs: LoadedConfigs, robot: RobotConfig, engine: Engine, params: Params, start: State, learn_ref: Ref | None
+) -> tuple[Engine, State]:
+    """The engine that judges the search's finalists and its rest start: the search's own
+    (``engine.contact: analytic``), or the hybrid engine with the learn stage's contact network
+    (``learned``; ``learn_ref`` required)."""
+    if configs.pipeline.engine.contact == "analytic":
+        return engine, start
+    if learn_ref is None:
+        raise ValueError("engine.contact is 'learned' but the gaits stage was given no learn stage output")
+    learned = learned_engine(learn_ref, robot)
+    return learned, rest_start(learned, params, robot)
+
+
 def run_gaits(
     configs: LoadedConfigs,
     iteration: int,
     attach_ref: Ref,
     sysid_ref: Ref,
     shard_results: list[SearchResult] | None = None,
+    learn_ref: Ref | None = None,
 ) -> tuple[Ref, dict]:
-    """Search (or take the searched ``shard_results``), expand, smooth, simulate; write the stage
-    output. Returns the ref and summary."""
+    """Search in the analytic engine (or take the searched ``shard_results``); expand, judge,
+    smooth and simulate the finalists in the engine ``engine.contact`` names
+    (:func:`judging_engine`); write the stage output. Returns the ref and summary."""
     c = configs.pipeline.gaits
-    robot, engine, params, start = search_setup(configs, attach_ref, sysid_ref)
+    robot, search_engine, params, search_start = search_setup(configs, attach_ref, sysid_ref)
     if shard_results is None:
         shard_results = [
-            search_gaits(engine, params, robot, start, c.search, k, c.search.shards) for k in range(c.search.shards)
+            search_gaits(search_engine, params, robot, search_start, c.search, k, c.search.shards)
+            for k in range(c.search.shards)
         ]
     result = merge_results(shard_results).require_gaits()
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
+    engine, start = judging_engine(configs, robot, search_engine, params, search_start, learn_ref)
 
     ensemble = ensemble_params(params, c.search.ensemble_motor_speed, c.search.ensemble_friction)
     published = {}
@@ -123,15 +146,20 @@ def run_gaits(
 
     stage_dir = RunLayout.of(configs).stage_dir(iteration, STAGE)
     stage_dir.mkdir(parents=True, exist_ok=True)
+    contact = configs.pipeline.engine.contact
     gaits = {
         "found": {k: _gait_json(g) for k, g in result.gaits.items()},
         "published": published,
         "search": result.stats.as_dict(),
+        "judged_by": contact,
     }
     atomic_write_json(stage_dir / GAITS_FILE, gaits)
     atomic_write_json(stage_dir / POLICIES_FILE, policies)
-    write_table(stage_dir / GAIT_TABLE_FILE, gait_table(result.gaits, published), {"stage": STAGE})
+    write_table(
+        stage_dir / GAIT_TABLE_FILE, gait_table(result.gaits, published), {"stage": STAGE, "judged_by": contact}
+    )
     summary = _summary(result.gaits, published, policies, result.stats.as_dict())
+    summary["judged_by_learned_contact"] = contact == "learned"
     return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary
 
 
@@ -213,16 +241,19 @@ def gaits(
     attach_ref: dict[str, str],
     sysid_ref: dict[str, str],
     shard_results: list[dict] | None = None,
+    learn_ref: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Prefect task: run :func:`run_gaits` on the search shards' results (JSON, from
     :func:`search_shard` task runs the flow spread over its task runner; searched here, one
-    after another, if None); log the gait table and search figures to MLflow."""
+    after another, if None) with the learn stage's output where ``engine.contact`` is
+    ``learned``; log the gait table and search figures to MLflow."""
     attach, identified = Ref.from_json(attach_ref), Ref.from_json(sysid_ref)
     if shard_results is None:
         shards = [run_search_shard(configs, attach, identified, k) for k in range(configs.pipeline.gaits.search.shards)]
     else:
         shards = [SearchResult.from_json(result) for result in shard_results]
-    ref, summary = run_gaits(configs, iteration, attach, identified, shards)
+    learned = None if learn_ref is None else Ref.from_json(learn_ref)
+    ref, summary = run_gaits(configs, iteration, attach, identified, shards, learned)
     files = [Path(ref.path) / name for name in (GAITS_FILE, POLICIES_FILE, GAIT_TABLE_FILE)]
     with StageContext(configs, iteration, STAGE, mlflow_run_id) as context:
         context.log(summary, files)

@@ -51,7 +51,7 @@ from storage.tracking import StageContext
 STAGE = "learn"
 MODEL_NAME = "learned-contact"
 """The MLflow model the stage logs: the contact network's safetensors file."""
-PRETRAIN_VERSION = "1"
+PRETRAIN_VERSION = "2"
 """Part of the pre-training cache key: changes when the pre-training's code does."""
 
 
@@ -160,7 +160,7 @@ def run_learn(
                 engine,
                 params,
                 network.graph,
-                recording_trajectory(recording, tick_s),
+                recording_trajectory(recording, robot, tick_s),
                 robot.pid.latency_s,
                 learn.smoothing_ticks,
             )

@@ -19,6 +19,7 @@ from pipeline.config import load_all, robot_with_overlay
 from pipeline.errors import HardwareError
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.policies import random_policy
+from storage.catalog import TRAINING_FILE
 from storage.frames import iter_frames
 from storage.layout import Ref, RunLayout, complete_stage_ref, read_manifest, write_manifest
 from storage.recording import (
@@ -389,6 +390,27 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     row = next(line for line in lines if "headline/gap_after_m" in line)
     expected = run.data.metrics["evaluate/gap.after.com_error_m"]
     assert row.split("│")[2].strip() == f"{expected:.4g}"  # iteration 1's column
+
+    # r2s2r rerun learn with a longer fine-tuning: learn is fine-tuned again from the cached
+    # pre-training and evaluate replays the redeploy runs in the new model; gaits and redeploy stay
+    import tasks.learn
+
+    curricula = []
+    original_train = tasks.learn.train
+
+    def counting_train(*args, **kwargs):
+        curricula.append(args[6])
+        return original_train(*args, **kwargs)
+
+    monkeypatch.setattr(tasks.learn, "train", counting_train)
+    longer = {"learn.fine_tune.epochs": [2]}
+    command = ["rerun", "learn", "--config", config, "--iteration", "1", "--set", "learn.fine_tune.epochs=[2]"]
+    result = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert [c.epochs for c in curricula] == [(2,)] and executions == [1] * 4  # no pre-training, no hardware
+    assert stage_status(load_all(config, longer), 1) == dict.fromkeys(stage_names(), "cached")
+    learn_dir = RunLayout.of(configs).stage_dir(1, "learn")
+    assert pq.read_table(learn_dir / TRAINING_FILE).num_rows == 2  # the two fine-tuning epochs
 
     # r2s2r rerun gaits with more straight cycles: collect, track, attach and sysid are reused (no
     # hardware, no tracking), gaits recomputed; redeploy and evaluate are left stale (the robot would

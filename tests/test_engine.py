@@ -287,22 +287,29 @@ def test_rods_roll_on_their_spheres_without_slipping(engine, default_configs) ->
 
 
 def test_engine_with_twin_parameters_tracks_the_twin(default_configs) -> None:
-    """One rolling cycle and a random policy, as one engine batch of two. Tolerance: final
-    centroid error <= max(0.3 rod lengths, 25 % of the distance the twin travelled), and the same
-    final bottom face. The models differ in contact (MuJoCo's soft contact with torsional/rolling
-    friction vs impulses), sensing (the twin's PID sees biased, noisy lengths), per-motor speed
-    spread and the settled rest pose; measured over twin noise seeds 7-10 the gap is 0.11-0.12 m
-    for one rolling cycle (0.73 m travelled) and 0.045-0.063 m for the random policy, against a
-    twin repeatability of about 1 cm: this is the sim-to-sim gap that sysid starts from."""
-    robot, truth = default_configs.robot, default_configs.twin
+    """One rolling cycle and a random policy, as one engine batch of two, against the twin run
+    with three noise seeds (7-9). Tolerance: final centroid error <= max(0.3 rod lengths, 25 % of
+    the distance the twin travelled) and the same final bottom face, against at least two of the
+    three twin runs: the twin does not repeat itself (with seed 7 its rolling cycle stops one
+    roll short, 0.46 m against 0.70-0.74 m). The models differ in contact (MuJoCo's soft contact
+    with torsional/rolling friction and a little bounce vs impulses), sensing (the twin's PID sees
+    biased, noisy lengths), per-motor speed spread and the settled rest pose; measured, the gap is
+    0.06-0.08 m for one full rolling cycle and 0.003-0.05 m for the random policy: this is the
+    sim-to-sim gap that sysid starts from."""
+    robot = default_configs.robot
     policies = {"rolling": gait_policy(robot, "rolling", 1), "random": random_policy(robot, 10, seed=3)}
+    seeds = (7, 8, 9)
     twin_ends, travelled = {}, {}
-    for name, policy in policies.items():
-        twin = MujocoTwin(robot, truth)  # its own instance: the twin's noise does not depend on test order
-        start = twin.ground_truth(0.0, 0).caps_m  # every fresh twin starts at the same rest pose
-        caps = [p.caps_m for p in twin.execute(policy, 8.0, record_frames=False) if isinstance(p, GroundTruthPacket)]
-        twin_ends[name] = caps[-1]
-        travelled[name] = np.linalg.norm(caps[-1].mean(0)[:2] - caps[0].mean(0)[:2])
+    for seed in seeds:
+        truth = default_configs.twin.model_copy(update={"seed": seed})
+        for name, policy in policies.items():
+            twin = MujocoTwin(robot, truth)  # its own instance: the twin's noise does not depend on test order
+            start = twin.ground_truth(0.0, 0).caps_m  # every fresh twin starts at the same rest pose
+            packets = twin.execute(policy, 8.0, record_frames=False)
+            caps = [p.caps_m for p in packets if isinstance(p, GroundTruthPacket)]
+            twin_ends[seed, name] = caps[-1]
+            travelled[seed, name] = np.linalg.norm(caps[-1].mean(0)[:2] - caps[0].mean(0)[:2])
+    truth = default_configs.twin
     engine = Engine(twin_true_model(robot, truth), dt=0.001)
     params = twin_true_params(robot, truth, batch=2)
     state = settle(engine, params, state_from_caps(engine, params, start), robot.pid, ONES, duration_s=2.0)
@@ -314,12 +321,15 @@ def test_engine_with_twin_parameters_tracks_the_twin(default_configs) -> None:
         )
     sim_ends = engine.cap_positions(final).numpy()
     for env, name in enumerate(policies):
-        error = np.linalg.norm(sim_ends[env].mean(0)[:2] - twin_ends[name].mean(0)[:2])
-        tolerance = max(0.3 * robot.rod.length_m, 0.25 * travelled[name])
-        assert error <= tolerance, f"{name}: centroid error {error:.3f} m > {tolerance:.3f} m"
-        assert bottom_face(sim_ends[env]) == bottom_face(twin_ends[name]), name
+        matched = []
+        for seed in seeds:
+            error = np.linalg.norm(sim_ends[env].mean(0)[:2] - twin_ends[seed, name].mean(0)[:2])
+            tolerance = max(0.3 * robot.rod.length_m, 0.25 * travelled[seed, name])
+            same_face = bottom_face(sim_ends[env]) == bottom_face(twin_ends[seed, name])
+            matched.append(bool(error <= tolerance and same_face))
+        assert sum(matched) >= 2, f"{name}: the engine's end matches the twin runs of seeds {seeds}: {matched}"
     rolled = np.linalg.norm(sim_ends[0].mean(0)[:2] - trace.caps_m[0, 0].numpy().mean(0)[:2])
-    assert travelled["rolling"] > 0.5 and rolled > 0.5
+    assert max(travelled[seed, "rolling"] for seed in seeds) > 0.5 and rolled > 0.5
 
 
 def test_trace_caps_at_requested_times(engine, rest_state, default_configs) -> None:

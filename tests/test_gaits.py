@@ -317,6 +317,34 @@ def test_the_pick_passes_over_a_policy_that_works_from_its_one_start_alone() -> 
     assert pick_expansion([unreached], 0.75) is None
 
 
+def test_the_learned_contact_judges_the_finalists_only_when_configured(tmp_path, default_engine) -> None:
+    """``engine.contact: analytic`` judges in the search's own engine and start; ``learned`` in
+    the hybrid engine with the learn stage's network (the file's weights) from that engine's own
+    rest (here the free motion: the network's decoder answers no contact, so the robot sinks
+    below the analytic rest); ``learned`` without a learn output is refused."""
+    from pipeline.config import load_all
+    from pipeline.learned.engine import LearnedEngine
+    from storage.catalog import CONTACT_MODEL_FILE
+    from storage.contact_model import load_contact_model
+    from tasks.gaits import judging_engine
+    from tests.conftest import empty_overlays, write_test_pipeline
+
+    configs = load_all(write_test_pipeline(tmp_path, campaign="judge", n_targets=1))
+    learn = empty_overlays(configs, 1)["learn"]
+    engine, params, start = default_engine
+    robot = configs.robot
+    assert judging_engine(configs, robot, engine, params, start, learn) == (engine, start)
+    learned_configs = configs.updated({"pipeline.engine.contact": "learned"})
+    judge, judge_start = judging_engine(learned_configs, robot, engine, params, start, learn)
+    assert isinstance(judge, LearnedEngine)
+    saved, _, _ = load_contact_model(Path(learn.path) / CONTACT_MODEL_FILE, judge.model)
+    for name, value in saved.state_dict().items():
+        assert torch.equal(judge.network.state_dict()[name], value), name
+    assert float(judge_start.pos[..., 2].max()) < float(start.pos[..., 2].min())
+    with pytest.raises(ValueError, match="no learn stage output"):
+        judging_engine(learned_configs, robot, engine, params, start, None)
+
+
 def test_published_comparison_cycles_end_at_rest() -> None:
     for name, targets in PUBLISHED.items():
         assert np.array_equal(targets[-1], np.ones(6)), name

@@ -14,7 +14,15 @@ from pipeline.learned.network import ContactNetwork
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.rollout import rest_start
 from pipeline.physics.rotations import quat_to_matrix
-from pipeline.robot_model import cable_pairs, rod_of_cap
+from pipeline.robot_model import (
+    cable_pairs,
+    reference_prism,
+    resting_on_face,
+    rod_frames,
+    rod_of_cap,
+    rod_rolls,
+    rotation_to_quat,
+)
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +126,42 @@ def test_states_along_a_trajectory(default_configs, model, graph) -> None:
     torch.testing.assert_close(chunks.target[0, 0], along.nodes[2])
 
 
+def test_states_take_the_rolls_and_winch_angles_a_trajectory_has(default_configs, model, graph) -> None:
+    """With rolls, each state's orientation is the rod frame turned by its roll (the spin from
+    the roll's change: a rod rolling at a steady rate about its fixed axis spins at that rate);
+    with winch angles, the rest lengths move by the winch radius times the angle turned, and the
+    motor speeds are the angles' rates, whatever the commands say."""
+    robot = default_configs.robot
+    engine = Engine(model, dt=0.02)
+    params = Params.from_robot(robot)
+    caps = engine.cap_positions(rest_start(Engine(model, dt=0.005), params, robot))[0].numpy()
+    n, tick, rate = 8, 0.02, 1.5  # rad/s
+    rolls = np.outer(rate * tick * np.arange(n), [1.0, 0.0, -1.0])
+    angles = np.outer(np.arange(n), [2.0, 0.0, 0.0, 0.0, 0.0, -1.0]) * tick  # rad: 2 and -1 rad/s
+    still = np.repeat(caps[None], n, 0)
+    trajectory = Trajectory("rolling", still, np.zeros((n, 6)), tick, rolls_rad=rolls, motor_rad=angles)
+    along = states_along(engine, params, graph, trajectory, latency_s=0.0)
+    _, frames = rod_frames(robot, still, rolls)
+    torch.testing.assert_close(quat_to_matrix(along.states.quat), torch.as_tensor(frames))
+    axis = torch.as_tensor(frames[..., 2])
+    torch.testing.assert_close(along.states.omega[1:], axis[1:] * torch.tensor([rate, 0.0, -rate])[:, None])
+    rest = along.states.rest_length
+    radius = robot.motor.winch_radius_m
+    torch.testing.assert_close(rest[:, 0] - rest[0, 0], torch.as_tensor(-radius * angles[:, 0]))
+    torch.testing.assert_close(rest[:, 5] - rest[0, 5], torch.as_tensor(-radius * angles[:, 5]))
+    torch.testing.assert_close(along.states.motor_omega[1:, 0], torch.full((n - 1,), 2.0, dtype=torch.float64))
+    assert bool((rest[:, 1:5] == rest[0, 1:5]).all())
+
+
+def test_rolls_are_read_back_from_the_orientations(default_configs) -> None:
+    """:func:`rod_rolls` inverts the roll of :func:`rod_frames`."""
+    robot = default_configs.robot
+    caps = resting_on_face(robot, reference_prism(robot))
+    rolls = np.array([0.3, -2.0, 3.0])
+    _, frames = rod_frames(robot, caps, rolls)
+    np.testing.assert_allclose(rod_rolls(robot, caps, frames), rolls, atol=1e-12)
+
+
 def test_bad_trajectories_are_refused() -> None:
     with pytest.raises(DataError, match="'short'"):
         Trajectory("short", np.zeros((2, 6, 3)), np.zeros((2, 6)), 0.02)
@@ -125,6 +169,10 @@ def test_bad_trajectories_are_refused() -> None:
         Trajectory("bent", np.zeros((5, 5, 3)), np.zeros((5, 6)), 0.02)
     with pytest.raises(DataError, match="'nan'"):
         Trajectory("nan", np.full((5, 6, 3), np.nan), np.zeros((5, 6)), 0.02)
+    with pytest.raises(DataError, match="'rolls'.*rolls_rad.*\\(5, 3\\)"):
+        Trajectory("rolls", np.zeros((5, 6, 3)), np.zeros((5, 6)), 0.02, rolls_rad=np.zeros((5, 2)))
+    with pytest.raises(DataError, match="'winch'.*motor_rad"):
+        Trajectory("winch", np.zeros((5, 6, 3)), np.zeros((5, 6)), 0.02, motor_rad=np.full((5, 6), np.inf))
 
 
 def test_a_saved_model_loads_back_and_rolls_out_the_same(tmp_path, default_configs, model) -> None:
@@ -194,7 +242,7 @@ def test_turned_windows_are_the_same_physics(default_configs, model, graph) -> N
     assert not torch.allclose(turned(data, angle).target, data.target)
 
 
-def test_a_recording_becomes_a_trajectory_at_the_control_ticks() -> None:
+def test_a_recording_becomes_a_trajectory_at_the_control_ticks(default_configs) -> None:
     """Tracked end caps are interpolated at the ticks from the first sensor sample; each tick takes
     the command of the sensor sample nearest it; a recording without commands is refused by name."""
     from pipeline.learned.data import recording_trajectory
@@ -205,10 +253,28 @@ def test_a_recording_becomes_a_trajectory_at_the_control_ticks() -> None:
     caps_t = np.array([0.0, 0.1])
     caps = np.stack([np.zeros((6, 3)), np.ones((6, 3))])
     recording = Recording("r", t, np.zeros(5, int), np.zeros((5, 6)), control, np.zeros((5, 9)), caps_t, caps)
-    trajectory = recording_trajectory(recording, 0.02)
+    robot = default_configs.robot
+    trajectory = recording_trajectory(recording, robot, 0.02)
     assert len(trajectory) == 5 and trajectory.name == "r"
+    assert trajectory.rolls_rad is None and trajectory.motor_rad is None
     np.testing.assert_allclose(trajectory.caps_m[:, 0, 0], [0.0, 0.2, 0.4, 0.6, 0.8])
     np.testing.assert_array_equal(trajectory.control[:, 0], [0.0, 1.0, 2.0, 3.0, 4.0])
     blind = Recording("blind", t, np.zeros(5, int), np.zeros((5, 6)), None, np.zeros((5, 9)), caps_t, caps)
     with pytest.raises(DataError, match="'blind'.*no motor commands"):
-        recording_trajectory(blind, 0.02)
+        recording_trajectory(blind, robot, 0.02)
+
+    # winch angles and tracked orientations, where recorded, are interpolated at the ticks too:
+    # the rolls across the +-pi seam without a jump
+    caps = np.repeat(resting_on_face(robot, reference_prism(robot))[None], 2, 0)
+    rolls = np.array([[3.0, 0.0, -0.2], [3.4, 0.4, 0.2]])
+    _, frames = rod_frames(robot, caps, rolls)
+    quats = np.stack([[rotation_to_quat(r) for r in f] for f in frames])
+    angles = t[:, None] * np.arange(6.0)[None]
+    recorded = Recording(
+        "r", t, np.zeros(5, int), np.zeros((5, 6)), control, np.zeros((5, 9)), caps_t, caps, None, angles, quats
+    )
+    trajectory = recording_trajectory(recorded, robot, 0.02)
+    np.testing.assert_allclose(trajectory.motor_rad, 0.02 * np.arange(5.0)[:, None] * np.arange(6.0)[None])
+    expected = rolls[0] + np.linspace(0.0, 0.8, 5)[:, None] * (rolls[1] - rolls[0])
+    np.testing.assert_allclose(trajectory.rolls_rad, expected, atol=1e-9)
+

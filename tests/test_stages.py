@@ -34,12 +34,17 @@ def dummy(configs: LoadedConfigs, iteration: int, mlflow_run_id: str, collect_re
 DUMMY = Stage("dummy", dummy, inputs=("collect",), version="1", sections=("track", ROBOT_SECTION))
 
 
-def test_the_table_names_every_stage_once_in_flow_order() -> None:
+def test_the_table_names_every_stage_once_in_flow_order(default_configs: LoadedConfigs) -> None:
     names = stage_table.stage_names()
     assert names == ("collect", "track", "attach", "sysid", "learn", "gaits", "redeploy", "evaluate")
     assert stage_table.hardware_stages() == ("collect", "redeploy")
-    for stage in stage_table.TABLE:  # every input runs before the stage that reads it
-        assert all(names.index(name) < names.index(stage.name) for name in stage.inputs), stage.name
+    learned = default_configs.updated({"pipeline.engine.contact": "learned"})
+    for configs in (default_configs, learned):  # every input runs before the stage that reads it
+        for stage in stage_table.TABLE:
+            assert all(names.index(name) < names.index(stage.name) for name in stage.inputs_of(configs)), stage.name
+    [gaits] = [stage for stage in stage_table.TABLE if stage.name == "gaits"]
+    assert gaits.inputs_of(default_configs) == ("attach", "sysid")
+    assert gaits.inputs_of(learned) == ("attach", "sysid", "learn")
 
 
 def test_a_stage_key_is_its_identity_inputs_sections_and_version(default_configs: LoadedConfigs) -> None:
@@ -51,14 +56,33 @@ def test_a_stage_key_is_its_identity_inputs_sections_and_version(default_configs
     assert key == stage_cache_key("dummy", "1", default_configs, 1, {"collect": {"sha256": "a"}}, DUMMY.sections)
     other_input = dataclasses.replace(call, refs={"collect": {"path": "x", "sha256": "b"}})
     assert DUMMY.cache_key(None, DUMMY.parameters(other_input)) != key
-    for section, field, value in (("track", "gate_m", 0.2), ("sysid", "lr", 0.5)):
-        changed = default_configs.pipeline.model_copy(
-            update={section: getattr(default_configs.pipeline, section).model_copy(update={field: value})}
-        )
-        changed_call = dataclasses.replace(call, configs=default_configs.model_copy(update={"pipeline": changed}))
+    for section, field, value in (("track", "gate_m", 0.2), ("sysid", "gradient.lr", 0.5)):
+        changed = default_configs.updated({f"pipeline.{section}.{field}": value})
+        changed_call = dataclasses.replace(call, configs=changed)
         same = DUMMY.cache_key(None, DUMMY.parameters(changed_call)) == key
         assert same is (section not in DUMMY.sections), section
     assert dataclasses.replace(DUMMY, version="2").cache_key(None, DUMMY.parameters(call)).startswith("dummy-v2-")
+
+
+def test_the_gaits_key_covers_the_learn_output_only_when_the_learned_contact_judges(
+    default_configs: LoadedConfigs,
+) -> None:
+    """With ``engine.contact: analytic`` the gaits stage neither reads nor keys the learn stage's
+    output (a new contact model leaves the gaits and the redeploy runs they feed alone); with
+    ``learned`` it reads it, and another model makes it stale."""
+    [gaits] = [stage for stage in stage_table.TABLE if stage.name == "gaits"]
+    refs = {name: {"path": name, "sha256": name} for name in ("attach", "sysid")}
+    learned = default_configs.updated({"pipeline.engine.contact": "learned"})
+    keys = {}
+    for label, configs in (("analytic", default_configs), ("learned", learned)):
+        for model in ("a", "b"):
+            call = Call(configs, 1, {**refs, "learn": {"path": "learn", "sha256": model}}, fresh=False)
+            parameters = gaits.parameters(call)
+            assert ("learn_ref" in parameters) is (label == "learned")
+            keys[label, model] = gaits.cache_key(None, parameters)
+    assert keys["analytic", "a"] == keys["analytic", "b"]
+    assert keys["learned", "a"] != keys["learned", "b"]
+    assert keys["analytic", "a"] != keys["learned", "a"]
 
 
 def test_a_stage_added_to_the_table_runs_in_the_flow_and_shows_in_status(

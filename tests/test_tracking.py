@@ -78,9 +78,11 @@ def test_tracking_accuracy_and_identities_through_rolls(cw_recording, cw_tracked
     assert len({tuple(sorted(row)) for row in lowest}) >= 2
     conf = tracked[[f"cap{i}_conf" for i in range(6)]].to_numpy()
     assert ((conf >= 0) & (conf <= 1)).all()
-    # confidence means something: poorly tracked caps have lower confidence
+    # confidence means something: the worst-tracked 5 % of caps have lower confidence than the
+    # better-tracked half
     per_cap = np.linalg.norm(caps - truth, axis=-1)
-    assert conf[per_cap > 0.01].mean() < conf[per_cap < 0.003].mean()
+    worst, better = per_cap > np.quantile(per_cap, 0.95), per_cap < np.median(per_cap)
+    assert conf[worst].mean() < conf[better].mean()
 
 
 def _hide_cap(frame: Frame, camera: CameraInfo, centre_world: np.ndarray, radius_m: float) -> Frame:

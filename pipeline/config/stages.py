@@ -200,6 +200,13 @@ class EngineConfig(StrictModel):
         "through torch.compile: faster steps for a compile once per process (docs/physics.md). Steps with "
         "gradients always run eagerly.",
     )
+    contact: Literal["analytic", "learned"] = Field(
+        default="analytic",
+        description="The ground contact that picks the gaits: 'analytic' (the engine's impulses) or 'learned' "
+        "(the learn stage's graph network, docs/learned-contact.md). The gait search runs the analytic engine "
+        "either way; with 'learned' its finalists are expanded, judged, smoothed and simulated in the learned "
+        "engine, and the gaits stage picks by those scores.",
+    )
 
 
 class PipelineConfig(StrictModel):

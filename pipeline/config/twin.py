@@ -3,6 +3,7 @@ parameters. Only the twin backend and evaluation read it."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from pydantic import Field, model_validator
@@ -14,6 +15,20 @@ class GroundConfig(StrictModel):
     friction_sliding: Positive
     friction_torsional: NonNegative
     friction_rolling: NonNegative
+    contact_time_constant_s: Annotated[float, Field(gt=0, le=0.1)] = Field(
+        default=0.02, description="MuJoCo's solref time constant of every contact (s): the contact's stiffness."
+    )
+    contact_damping_ratio: Annotated[float, Field(gt=0, le=4)] = Field(
+        default=1.0,
+        description="MuJoCo's solref damping ratio of every contact: 1 is critically damped (no bounce), "
+        "below 1 a landing end cap bounces (restitution exp(-pi z / sqrt(1 - z^2)) for a linear spring-damper).",
+    )
+
+    def restitution(self) -> float:
+        """The coefficient of restitution of a linear spring-damper with ``contact_damping_ratio``
+        (0 at or above critical damping): the engine's counterpart of the twin's soft contact."""
+        z = self.contact_damping_ratio
+        return 0.0 if z >= 1.0 else math.exp(-math.pi * z / math.sqrt(1.0 - z * z))
 
 
 class TwinPhysicsConfig(StrictModel):

@@ -128,7 +128,8 @@ def build_twin_xml(robot: RobotConfig, twin: TwinConfig) -> TwinModelSpec:
     <map znear="0.01" zfar="50"/>
   </visual>
   <default>
-    <geom condim="6" friction="{g.friction_sliding:.9g} {g.friction_torsional:.9g} {g.friction_rolling:.9g}"/>
+    <geom condim="6" friction="{g.friction_sliding:.9g} {g.friction_torsional:.9g} {g.friction_rolling:.9g}"
+          solref="{g.contact_time_constant_s:.9g} {g.contact_damping_ratio:.9g}"/>
   </default>
 {FLOOR_ASSET}  <worldbody>
     <light name="sun" directional="true" pos="0 0 4" dir="0.2 0.3 -1" diffuse="0.8 0.8 0.8" castshadow="false"/>

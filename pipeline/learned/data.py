@@ -5,10 +5,14 @@ A :class:`Trajectory` is what every source gives alike: the twin's true end caps
 engine's own rollouts, or the tracked end caps of a recording. End caps fix every graph node
 (nodes lie on the rods' axes), so a node-position loss needs nothing else. The states along a
 trajectory (:func:`states_along`) take each rod's centre and axis from its caps, velocities from
-finite differences over the last tick (what the paper's features use), the rod's roll by the
-model's convention, and the actuated rest lengths and motor speeds from the engine's motor model
-run on the commands (delayed by the control latency) from rest lengths that hold the first pose in
-static equilibrium. :func:`windows` cuts them into rollout windows of a curriculum length.
+finite differences over the last tick (what the paper's features use), the rod's roll from the
+data where it has one (else the model's convention: no spin), and the actuated rest lengths from
+rest lengths that hold the first pose in static equilibrium, moved by the measured winch angles
+where the data have them, else by the engine's motor model run on the commands (delayed by the
+control latency). The roll matters: it places the cables' attachment points, 17.5 mm off the
+axis, and on the twin's data the true rolls and winch angles halve the analytic engine's one-tick
+error from the states (docs/learned-contact.md). :func:`windows` cuts them into rollout windows
+of a curriculum length.
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from scipy.signal import savgol_filter
+from scipy.spatial.transform import Rotation
 
+from pipeline.config import RobotConfig
+from pipeline.control import REST_LENGTH_LIMITS_M
 from pipeline.errors import DataError
 from pipeline.learned.graph import RobotGraph
 from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
-from pipeline.physics.rotations import matrix_to_quat
+from pipeline.physics.rotations import matrix_to_quat, quat_to_matrix
 from pipeline.physics.statics import equilibrium_rest_lengths
-from pipeline.robot_model import N_ACTUATED, rod_frames
+from pipeline.robot_model import N_ACTUATED, rod_frames, rod_rolls
 from pipeline.sysid.data import Recording
 
 
@@ -33,12 +40,19 @@ from pipeline.sysid.data import Recording
 class Trajectory:
     """One trajectory at the control ticks ``t_k = k * tick_s``: ``caps_m`` (T, 6, 3) end-cap
     centres (world, m) and ``control`` (T, 6) the motor commands issued at each tick (they reach
-    the motors the control latency later). ``name`` names it in errors."""
+    the motors the control latency later). ``name`` names it in errors.
+
+    Where the source has them: ``rolls_rad`` (T, 3) each rod's roll about its axis
+    (:func:`~pipeline.robot_model.rod_rolls`: the simulator's truth, or the tracker's estimate),
+    which places the cables' attachment points; ``motor_rad`` (T, 6) the winch angles (the motor
+    encoders), which give the actuated cables' rest lengths without integrating a motor model."""
 
     name: str
     caps_m: np.ndarray
     control: np.ndarray
     tick_s: float
+    rolls_rad: np.ndarray | None = None
+    motor_rad: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.caps_m)
@@ -51,19 +65,33 @@ class Trajectory:
             raise DataError(f"trajectory '{self.name}': {n} ticks; at least 3 are needed (a velocity and a step)")
         if not (np.isfinite(self.caps_m).all() and np.isfinite(self.control).all()):
             raise DataError(f"trajectory '{self.name}': end caps and commands must be finite")
+        for field, width in (("rolls_rad", 3), ("motor_rad", N_ACTUATED)):
+            value = getattr(self, field)
+            if value is not None and (np.shape(value) != (n, width) or not np.isfinite(value).all()):
+                raise DataError(f"trajectory '{self.name}': {field} must be finite, of shape ({n}, {width})")
 
     def __len__(self) -> int:
         return len(self.caps_m)
 
 
-def recording_trajectory(recording: Recording, tick_s: float) -> Trajectory:
+def recording_trajectory(recording: Recording, robot: RobotConfig, tick_s: float) -> Trajectory:
     """A recording as a :class:`Trajectory`: its tracked end caps interpolated at the control ticks
-    from its first sensor sample on, and the command of the sensor sample nearest each tick."""
+    from its first sensor sample on, and the command of the sensor sample nearest each tick; where
+    the recording has them, the winch angles and the tracked rods' rolls (``robot``'s rod frames),
+    each interpolated at the ticks."""
     if recording.control is None:
         raise DataError(f"recording '{recording.name}': no motor commands recorded; the learned contact needs them")
     ticks = recording.t_s[0] + tick_s * np.arange(int((recording.t_s[-1] - recording.t_s[0]) / tick_s) + 1)
     nearest = np.clip(np.searchsorted(recording.t_s, ticks - tick_s / 2), 0, len(recording.t_s) - 1)
-    return Trajectory(recording.name, recording.caps_at(ticks), recording.control[nearest], tick_s)
+    motors = rolls = None
+    if recording.motor_rad is not None:
+        motors = np.stack([np.interp(ticks, recording.t_s, a) for a in recording.motor_rad.T], -1)
+    if recording.rod_quat is not None:
+        rotations = quat_to_matrix(torch.tensor(recording.rod_quat, dtype=torch.float64)).numpy()
+        tracked = np.unwrap(rod_rolls(robot, recording.caps_m, rotations), axis=0)
+        rolls = np.stack([np.interp(ticks, recording.caps_t_s, r) for r in tracked.T], -1)
+    caps = recording.caps_at(ticks)
+    return Trajectory(recording.name, caps, recording.control[nearest], tick_s, rolls_rad=rolls, motor_rad=motors)
 
 
 @dataclass(frozen=True)
@@ -109,6 +137,14 @@ class StatesAlong:
         )
 
 
+def _rotation_rate(rotations: np.ndarray, tick_s: float) -> np.ndarray:
+    """Angular velocities (T, 3, 3) (world) that turn each rod's frame ``rotations`` (T, 3, 3, 3)
+    from the previous tick to this one in ``tick_s`` (zero at the first tick)."""
+    turn = Rotation.from_matrix((rotations[1:] @ np.swapaxes(rotations[:-1], -1, -2)).reshape(-1, 3, 3))
+    rate = turn.as_rotvec().reshape(len(rotations) - 1, -1, 3) / tick_s
+    return np.concatenate([np.zeros_like(rate[:1]), rate])
+
+
 def _axis_rate(z: torch.Tensor, tick_s: float) -> torch.Tensor:
     """Angular velocities (T, 3, 3) that turn each rod axis ``z`` (T, 3, 3) from the previous tick
     to this one in ``tick_s`` (zero at the first tick; no spin about the axis)."""
@@ -132,18 +168,23 @@ def states_along(
     environment) gives the motor model and the statics, ``engine.dt`` the motor model's step.
     With ``smoothing_ticks`` (> 2) the states' end caps are first smoothed over that many ticks
     (Savitzky-Golay, quadratic), which tames the finite-difference velocities of tracked data;
-    the nodes (the training targets) stay as recorded."""
+    the nodes (the training targets) stay as recorded. Where the trajectory has the rods' rolls,
+    the states take them (and the spin about each axis from their change); where it has the
+    winch angles, the rest lengths and motor speeds come from them."""
     model = engine.model
     dtype, device = model.dtype, model.device
     caps = np.asarray(trajectory.caps_m, float)
     window = min(smoothing_ticks, len(caps)) // 2 * 2 - 1  # odd, at most the trajectory
     smoothed = savgol_filter(caps, window, 2, axis=0) if window >= 3 else caps
-    centres, rotations = rod_frames(model.robot, smoothed)
+    centres, rotations = rod_frames(model.robot, smoothed, trajectory.rolls_rad)
     pos = torch.as_tensor(centres, dtype=dtype, device=device)
     rot = torch.as_tensor(rotations, dtype=dtype, device=device)
     tick = trajectory.tick_s
     vel = torch.cat([torch.zeros_like(pos[:1]), (pos[1:] - pos[:-1]) / tick])
-    omega = _axis_rate(rot[..., 2], tick)
+    if trajectory.rolls_rad is None:
+        omega = _axis_rate(rot[..., 2], tick)
+    else:
+        omega = torch.as_tensor(_rotation_rate(rotations, tick), dtype=dtype, device=device)
     commands = torch.as_tensor(trajectory.control, dtype=dtype, device=device)
     delay = round(latency_s / tick)
     applied = torch.cat([torch.zeros_like(commands[:delay]), commands])[: len(commands)]
@@ -157,28 +198,44 @@ def states_along(
     )
     with torch.no_grad():
         rest = equilibrium_rest_lengths(engine, params, first).detach()
-        speed = torch.zeros_like(rest)
-        rests, speeds = [], []
-        substeps = max(1, round(tick / engine.dt))
-        for k in range(len(trajectory)):
-            rests.append(rest)
-            speeds.append(speed)
-            for _ in range(substeps):
-                rest, speed = engine.motors(params, rest, speed, applied[k : k + 1])
+    if trajectory.motor_rad is None:
+        rest_lengths, motor_omega = _motor_model(engine, params, rest, applied, tick)
+    else:
+        angles = torch.as_tensor(trajectory.motor_rad, dtype=dtype, device=device)
+        turned = angles - angles[:1]
+        rest_lengths = (rest - engine.winch_radius * turned).clamp(*REST_LENGTH_LIMITS_M)
+        motor_omega = torch.cat([torch.zeros_like(turned[:1]), (turned[1:] - turned[:-1]) / tick])
     states = State(
         pos=pos,
         quat=matrix_to_quat(rot),
         vel=vel,
         omega=omega,
-        rest_length=torch.cat(rests),
-        motor_omega=torch.cat(speeds),
+        rest_length=rest_lengths,
+        motor_omega=motor_omega,
     )
     if window >= 3:
-        centres, rotations = rod_frames(model.robot, caps)
+        centres, rotations = rod_frames(model.robot, caps, trajectory.rolls_rad)
     nodes = graph.node_positions(
         torch.as_tensor(centres, dtype=dtype, device=device), torch.as_tensor(rotations, dtype=dtype, device=device)
     )
     return StatesAlong(trajectory.name, states, applied, nodes)
+
+
+def _motor_model(
+    engine: Engine, params: Params, rest: torch.Tensor, applied: torch.Tensor, tick_s: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rest lengths and motor speeds (each (T, 6)) at every tick from the engine's motor model run
+    on the commands ``applied`` (T, 6) from ``rest`` (1, 6) with the motors at rest."""
+    speed = torch.zeros_like(rest)
+    rests, speeds = [], []
+    substeps = max(1, round(tick_s / engine.dt))
+    with torch.no_grad():
+        for k in range(len(applied)):
+            rests.append(rest)
+            speeds.append(speed)
+            for _ in range(substeps):
+                rest, speed = engine.motors(params, rest, speed, applied[k : k + 1])
+    return torch.cat(rests), torch.cat(speeds)
 
 
 def windows(trajectories: list[StatesAlong], length: int) -> Windows:

@@ -10,10 +10,10 @@ passive forces + graph-network contact"). A step:
    predicts each node's velocity change from contact;
 3. the rigid motion that best fits those node velocity changes (:meth:`LearnedEngine.rigid_fit`:
    least squares over each rod's nodes) is added to the free velocities. The spin about a rod's
-   own axis is held at zero: nodes on the axis cannot show it, end caps (all the data have)
-   cannot either, and without the ground's friction on the end caps, which the analytic
-   engine's contact supplies, the cables' small torques about the axis spin the light rod
-   ever faster;
+   own axis is held at zero, so each rod keeps the roll it starts with: nodes on the axis cannot
+   show the spin, and the light rod's spin under the cables' torques about its axis is too stiff
+   for explicit steps of 10 ms (the analytic engine, stepped at 10 ms from the twin's states with
+   their true spins, diverges; docs/learned-contact.md);
 4. contact between rods and the integration of positions, as in the analytic engine (the
    learned contact has no position correction: the network learns not to sink).
 

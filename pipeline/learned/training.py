@@ -26,6 +26,8 @@ from pipeline.config import CurriculumConfig, LearnConfig
 from pipeline.errors import DataError
 from pipeline.learned.data import StatesAlong, Windows, windows
 from pipeline.learned.engine import LearnedEngine, features
+from pipeline.learned.graph import RobotGraph
+from pipeline.physics.engine import Engine
 from pipeline.physics.params import Params
 from pipeline.physics.rotations import matrix_to_quat, quat_to_matrix
 
@@ -84,11 +86,11 @@ def jittered(data: Windows, sigma_m: float, tick_s: float, generator: torch.Gene
     return Windows(moved, data.control, data.target)
 
 
-def substeps(engine: LearnedEngine, tick_s: float) -> int:
+def substeps(engine: Engine, tick_s: float) -> int:
     """Engine steps per control tick; the tick must be a whole number of steps."""
     n = round(tick_s / engine.dt)
     if n < 1 or abs(n * engine.dt - tick_s) > 1e-9:
-        raise DataError(f"the control tick {tick_s} s is not a whole number of learned-engine steps of {engine.dt} s")
+        raise DataError(f"the control tick {tick_s} s is not a whole number of engine steps of {engine.dt} s")
     return n
 
 
@@ -120,6 +122,20 @@ def rollout_loss(engine: LearnedEngine, params: Params, data: Windows, tick_s: f
         nodes = engine.graph.node_positions(state.pos, quat_to_matrix(state.quat))
         total = total + ((nodes - data.target[:, k]) ** 2).sum(-1).mean()
     return total / data.length / (tick_s * sigma) ** 2
+
+
+def final_node_error_m(engine: Engine, params: Params, data: Windows, graph: RobotGraph, tick_s: float) -> float:
+    """Mean distance (m) of ``graph``'s nodes from the data after the last tick of every window of
+    ``data``, each rolled out from its start with its commands in ``engine`` (analytic or
+    learned; ``params`` one environment)."""
+    steps = substeps(engine, tick_s)
+    state = data.start
+    with torch.no_grad():
+        for k in range(data.length):
+            for _ in range(steps):
+                state = engine.step(params.expand(len(data)), state, data.control[:, k])
+    nodes = graph.node_positions(state.pos, quat_to_matrix(state.quat))
+    return float((nodes - data.target[:, -1]).norm(dim=-1).mean())
 
 
 def _mean_loss(engine: LearnedEngine, params: Params, data: Windows, tick_s: float, batch_size: int) -> float:

@@ -31,7 +31,9 @@ class Trace:
 
     ``t_s`` (T,) s; ``caps_m`` (B, T, 6, 3) end-cap centres; ``cables_m`` (B, T, 9) cable
     lengths; ``segment`` (B, T) index of the target being executed; ``control`` (B, T, 6)
-    motor commands; ``finished`` (B, T) whether the environment had completed its policy.
+    motor commands; ``finished`` (B, T) whether the environment had completed its policy;
+    ``quat`` (B, T, 3, 4) the rods' orientations (w, x, y, z), where the run was asked to
+    record them (else None).
     """
 
     t_s: torch.Tensor
@@ -40,6 +42,7 @@ class Trace:
     segment: torch.Tensor
     control: torch.Tensor
     finished: torch.Tensor
+    quat: torch.Tensor | None = None
 
     def caps_at(self, times_s: torch.Tensor) -> torch.Tensor:
         """End caps (B, N, 6, 3) at the ticks nearest to ``times_s`` (N,)."""
@@ -58,6 +61,7 @@ def run_policy(
     latency_s: float = 0.0,
     max_time_s: float | torch.Tensor | None = None,
     detach_between_segments: bool = False,
+    record_orientations: bool = False,
 ) -> tuple[State, Trace]:
     """Run ``targets`` ((S, 6) shared or (B, S, 6) per environment) from ``state``.
 
@@ -76,7 +80,7 @@ def run_policy(
     the recorded end of a segment keeps its gradient), and each segment's gradient
     starts there (the Key Frame Loss's windows). ``params`` may hold (B, S) tensors:
     one value per environment and segment, so each segment's gradient can be read
-    separately.
+    separately. With ``record_orientations`` the trace also holds the rods' orientations.
     """
     robot = engine.model.robot
     batch = state.batch_size
@@ -104,7 +108,7 @@ def run_policy(
     previous = torch.zeros_like(integral)
     has_previous = torch.zeros(batch, 1, dtype=torch.bool, device=device)
     pending: deque[torch.Tensor] = deque(torch.zeros_like(integral) for _ in range(round(latency_s / tick_s)))
-    times, caps, cables, segments, controls, finished_log = [], [], [], [], [], []
+    times, caps, cables, segments, controls, finished_log, quats = [], [], [], [], [], [], []
     limit = torch.as_tensor(math.inf if max_time_s is None else max_time_s, dtype=dtype, device=device)
     limit = limit.expand(batch)
     tick = 0
@@ -139,6 +143,8 @@ def run_policy(
         previous, has_previous = error, torch.ones_like(has_previous)
         times.append(t)
         caps.append(engine.cap_positions(state))
+        if record_orientations:
+            quats.append(state.quat)
         cables.append(lengths)
         segments.append(segment)
         controls.append(u)
@@ -166,6 +172,7 @@ def run_policy(
         segment=torch.stack(segments, dim=1),
         control=torch.stack(controls, dim=1),
         finished=torch.stack(finished_log, dim=1),
+        quat=torch.stack(quats, dim=1) if record_orientations else None,
     )
     return at_end, trace
 

@@ -30,7 +30,9 @@ class Recording:
     """One trajectory: ``t_s`` (N,) s, ``segment`` (N,) policy target index, ``targets`` (N, 6)
     normalised, ``control`` (N, 6) motor commands or None, ``cables_m`` (N, 9) sensed lengths;
     ``caps_t_s`` (M,) s and ``caps_m`` (M, 6, 3) tracked end-cap centres (world, m);
-    ``segment_timeout_s``: the longest the recorder held a target (s), where known."""
+    ``segment_timeout_s``: the longest the recorder held a target (s), where known. Where the
+    recording has them: ``motor_rad`` (N, 6) the winch angles at the sensor samples and
+    ``rod_quat`` (M, 3, 4) the tracked rods' orientations (w, x, y, z) at the tracked frames."""
 
     name: str
     t_s: np.ndarray
@@ -41,6 +43,8 @@ class Recording:
     caps_t_s: np.ndarray
     caps_m: np.ndarray
     segment_timeout_s: float | None = None
+    motor_rad: np.ndarray | None = None
+    rod_quat: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.t_s)
@@ -51,7 +55,11 @@ class Recording:
         }
         if self.control is not None:
             shapes["control"] = (self.control, (n, 6))
+        if self.motor_rad is not None:
+            shapes["motor_rad"] = (self.motor_rad, (n, 6))
         shapes["caps_m"] = (self.caps_m, (len(self.caps_t_s), 6, 3))
+        if self.rod_quat is not None:
+            shapes["rod_quat"] = (self.rod_quat, (len(self.caps_t_s), 3, 4))
         for field, (value, shape) in shapes.items():
             if np.shape(value) != shape:
                 raise DataError(f"recording '{self.name}': {field} has shape {np.shape(value)}, expected {shape}")
