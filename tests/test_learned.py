@@ -277,4 +277,3 @@ def test_a_recording_becomes_a_trajectory_at_the_control_ticks(default_configs) 
     np.testing.assert_allclose(trajectory.motor_rad, 0.02 * np.arange(5.0)[:, None] * np.arange(6.0)[None])
     expected = rolls[0] + np.linspace(0.0, 0.8, 5)[:, None] * (rolls[1] - rolls[0])
     np.testing.assert_allclose(trajectory.rolls_rad, expected, atol=1e-9)
-
