@@ -14,11 +14,8 @@ from pathlib import Path
 
 from prefect.settings import get_current_settings
 
-from pipeline.config import LoadedConfigs, config_hash
+from pipeline.config import LoadedConfigs
 from storage.layout import complete_stage_ref
-
-ROBOT_SECTION = "robot"
-"""The name that puts the robot config (its hash) in a stage's key."""
 
 
 def stage_cache_key(
@@ -30,8 +27,9 @@ def stage_cache_key(
     sections: tuple[str, ...],
 ) -> str:
     """Key of ``stage`` (code ``version``) for ``iteration`` with input refs ``inputs`` (name ->
-    ref JSON) and the config ``sections``: pipeline config sections by name, and ``robot`` for
-    the robot config (its hash). A stage with no section keys on its inputs and identity alone."""
+    ref JSON) and the config ``sections``: pipeline config fields by (dotted) name, a whole
+    section or one field of it (``redeploy.segment_timeout_s``), and ``robot`` for the robot
+    config (its hash). A stage with no section keys on its inputs and identity alone."""
     identity: dict[str, object] = {
         "runs_dir": str(configs.pipeline.runs_dir.resolve()),
         "campaign": configs.pipeline.campaign,
@@ -39,11 +37,7 @@ def stage_cache_key(
         "inputs": {name: ref["sha256"] for name, ref in inputs.items()},
     }
     if sections:
-        identity["config"] = {
-            name: getattr(configs.pipeline, name).model_dump(mode="json") for name in sections if name != ROBOT_SECTION
-        }
-    if ROBOT_SECTION in sections:
-        identity["robot"] = config_hash(configs.robot)
+        identity["config"] = configs.fields(sections)
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     return f"{stage}-v{version}-{digest}"
 

@@ -196,8 +196,14 @@ def compare(
 
 @app.command()
 @user_errors
-def status(config: ConfigOption = DEFAULT_CONFIG, set_: SetOption = None) -> None:
-    """Show, per iteration and stage, whether the output is cached, stale or missing under this config."""
+def status(
+    config: ConfigOption = DEFAULT_CONFIG,
+    set_: SetOption = None,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Hash every file against its manifest (else size and time only).")
+    ] = False,
+) -> None:
+    """Show, per iteration and stage, whether the output is cached, stale, missing or corrupt under this config."""
     configs = _load(config, parse_overrides(set_))
     from flows.stages import stage_names
     from flows.status import iterations_on_disk, stage_status
@@ -208,11 +214,16 @@ def status(config: ConfigOption = DEFAULT_CONFIG, set_: SetOption = None) -> Non
     iterations = iterations_on_disk(layout)
     for iteration in iterations:
         table.add_column(f"iteration {iteration}")
-    colour = {"cached": "green", "stale": "yellow", "missing": "red"}
-    states = {iteration: stage_status(configs, iteration) for iteration in iterations}
+    colour = {"cached": "green", "stale": "yellow", "missing": "red", "corrupt": "bold red"}
+    problems: dict[int, dict[str, str]] = {iteration: {} for iteration in iterations}
+    states = {iteration: stage_status(configs, iteration, verify, problems[iteration]) for iteration in iterations}
     for stage in stage_names():
         table.add_row(stage, *(f"[{colour[states[k][stage]]}]{states[k][stage]}[/]" for k in iterations))
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for iteration, found in problems.items():
+        for stage, problem in found.items():
+            console.print(f"iteration {iteration} {stage}: corrupt: {problem}", markup=False, highlight=False)
 
 
 @app.command("import-tribar")

@@ -28,7 +28,8 @@ from flows.caching import on_disk
 from flows.runners import task_runner
 from flows.stages import Call, Stage
 from pipeline.config import LoadedConfigs, config_hash, load_all
-from storage.layout import RunLayout, existing_ref
+from pipeline.errors import DataError
+from storage.layout import RunLayout, existing_ref, set_aside, stage_state
 from storage.tracking import (
     campaign_run,
     client_for,
@@ -86,6 +87,22 @@ def _run_stage(stage: Stage, call: Call, run_id: str) -> tuple[dict[str, str], b
     if state.name == "Cached" and not on_disk(state.result()):  # replaced by a rerun under another config
         state = stage.prefect_task(fresh=True)(**parameters, return_state=True)
     return state.result(), state.name == "Cached"
+
+
+def _set_aside_corrupt(layout: RunLayout, iteration: int, stage: Stage) -> None:
+    """Keep a stage output whose files do not match its manifest aside (``set-aside/``) so that it
+    is recomputed, never reused; a hardware stage's recording is not recorded again behind the
+    user's back: :class:`DataError` says what was found and where the recording now is."""
+    stage_dir = layout.stage_dir(iteration, stage.name)
+    state = stage_state(stage_dir)
+    if state.kind != "corrupt":
+        return
+    kept = set_aside(layout, stage_dir, "corrupt")
+    if stage.hardware:
+        raise DataError(
+            f"{state.problem}: the {stage.name} stage's recording does not match its manifest; it was kept at "
+            f"{kept}. Run the iteration again to record it anew (the robot runs), or restore the file."
+        )
 
 
 @flow(name="r2s2r_iteration")
@@ -152,13 +169,17 @@ def r2s2r_iteration(
                 blocked.add(stage.name)
                 summary["stages"][stage.name] = {"skipped": f"its {waiting[0]} output is stale (--recollect)"}
                 continue
+            _set_aside_corrupt(layout, iteration, stage)
             call = Call(configs, iteration, {name: ref(name) for name in inputs}, stage.name in fresh)
             if not hardware and stage.hardware and stage.needs_robot(configs, iteration):
-                if not inputs or stage.is_cached(call):  # the output on disk is this config's
+                if not inputs:
+                    ref(stage.name)  # no recording at all: DataError, run it first
+                if inputs and stage.is_cached(call):  # the output on disk is this config's
                     summary["stages"][stage.name] = {"ref": ref(stage.name), "cached": True, "note": "hardware not run"}
                 else:
                     blocked.add(stage.name)
-                    summary["stages"][stage.name] = {"skipped": "needs the hardware to run the new gaits (--recollect)"}
+                    why = "run the new gaits" if inputs else "record under this config"
+                    summary["stages"][stage.name] = {"skipped": f"needs the hardware to {why} (--recollect)"}
                 continue
             start = time.perf_counter()
             refs[stage.name], cached = _run_stage(stage, call, run_id)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from prefect import Task
 from prefect.context import TaskRunContext
 
-from flows.caching import ROBOT_SECTION, is_cached, stage_cache_key
-from pipeline.config import LoadedConfigs
+from flows.caching import is_cached, stage_cache_key
+from pipeline.config import ROBOT_FIELD, LoadedConfigs
 from storage.layout import Ref, RunLayout, existing_ref
 from tasks import collect, gaits, redeploy
 from tasks.attach import attach
@@ -59,8 +59,9 @@ class Stage:
     inputs: tuple[str, ...]
     version: str
     sections: tuple[str, ...]
-    """Config sections in the cache key: pipeline config section names, and ``robot`` for the
-    robot config."""
+    """Config fields in the cache key: pipeline config sections or fields by dotted name
+    (:func:`flows.caching.config_field`), and ``robot`` for the robot config: every field that
+    changes the stage's output (``tests/test_stages.py`` walks them)."""
     hardware: bool = False
     """Whether the stage drives the hardware: it never runs again unless asked (``--recollect``)."""
     arguments: Callable[[Call], dict[str, object]] | None = None
@@ -181,28 +182,28 @@ TABLE: tuple[Stage, ...] = (
         "collect",
         collect.collect,
         inputs=(),
-        version="2",
-        sections=(),
+        version="3",
+        sections=collect.KEY_FIELDS,
         hardware=True,
         arguments=lambda call: {"fresh": call.fresh},
         key_inputs=_collect_key_inputs,
         needs_robot=collect.needs_hardware,
     ),
-    Stage("track", track, inputs=("collect",), version="1", sections=("track", ROBOT_SECTION)),
+    Stage("track", track, inputs=("collect",), version="1", sections=("track", ROBOT_FIELD)),
     Stage(
         "attach",
         attach,
         inputs=("track", "collect"),
         version="1",
-        sections=("attach", ROBOT_SECTION),
+        sections=("attach", ROBOT_FIELD),
         source_iteration=attach_iteration,
     ),
     Stage(
         "sysid",
         sysid,
         inputs=("collect", "track", "attach"),
-        version="6",
-        sections=("sysid", ROBOT_SECTION),
+        version="7",
+        sections=("sysid", "collect.segment_timeout_s", "hardware_backend", "hardware_config", ROBOT_FIELD),
         arguments=lambda call: {"earlier_refs": earlier_data_refs(call.configs, call.layout, call.iteration)},
         key_inputs=_sysid_key_inputs,
     ),
@@ -210,8 +211,8 @@ TABLE: tuple[Stage, ...] = (
         "learn",
         learn,
         inputs=("collect", "track", "attach", "sysid"),
-        version="2",
-        sections=("learn", ROBOT_SECTION),
+        version="3",
+        sections=("learn", "collect.segment_timeout_s", "redeploy.segment_timeout_s", ROBOT_FIELD),
         arguments=lambda call: {"earlier_refs": earlier_data_refs(call.configs, call.layout, call.iteration)},
         key_inputs=_sysid_key_inputs,
     ),
@@ -219,8 +220,8 @@ TABLE: tuple[Stage, ...] = (
         "gaits",
         gaits.gaits,
         inputs=("attach", "sysid"),
-        version="7",
-        sections=("gaits", ROBOT_SECTION),
+        version="8",
+        sections=("gaits", "redeploy.segment_timeout_s", "engine.contact", ROBOT_FIELD),
         fan_out=_gait_shards,
         optional_inputs=lambda configs: ("learn",) if configs.pipeline.engine.contact == "learned" else (),
     ),
@@ -228,8 +229,8 @@ TABLE: tuple[Stage, ...] = (
         "redeploy",
         redeploy.redeploy,
         inputs=("attach", "gaits"),
-        version="3",
-        sections=("redeploy", ROBOT_SECTION),
+        version="4",
+        sections=redeploy.KEY_FIELDS,
         hardware=True,
         fan_out=_redeploy_runs,
     ),
@@ -237,8 +238,8 @@ TABLE: tuple[Stage, ...] = (
         "evaluate",
         evaluate,
         inputs=("attach", "sysid", "learn", "gaits", "redeploy"),
-        version="3",
-        sections=("redeploy", "gaits", ROBOT_SECTION),
+        version="4",
+        sections=("redeploy", "gaits", "hardware_backend", "hardware_config", ROBOT_FIELD),
     ),
 )
 """The stages of an iteration, in the order they run."""

@@ -32,10 +32,21 @@ def temp_sibling(path: Path) -> Iterator[Path]:
 
 
 def commit_temp(tmp: Path, path: Path) -> None:
-    """Flush ``tmp`` to disk and atomically rename it to ``path``."""
+    """Flush ``tmp`` to disk, atomically rename it to ``path`` and flush the folder's entry, so
+    that once this returns the new file survives a power cut under its final name."""
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Flush ``folder``'s entries (renames, removals) to disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -166,18 +166,27 @@ def recover_recording(folder: Path) -> list[Path]:
     return recovered
 
 
-def recording_folders(collect_ref: Ref) -> list[Path]:
-    """The recording folders (each with a hardware trajectory) of a verified collect stage, in order."""
-    read_manifest(collect_ref)
-    folders = sorted(p.parent for p in Path(collect_ref.path).glob(f"*/{HARDWARE_FILE}"))
-    if not folders:
-        raise DataError(f"{collect_ref.path}: the collect stage holds no recording ({HARDWARE_FILE})")
-    return folders
+def recording_folders(ref: Ref) -> list[Path]:
+    """The recording folders of a verified stage output (collect, redeploy), in order: those whose
+    hardware trajectory its manifest lists, and nothing else that may lie in the folder."""
+    manifest = read_manifest(ref)
+    names = sorted(
+        rel.split("/")[0] for rel in manifest["files"] if rel.count("/") == 1 and rel.endswith(f"/{HARDWARE_FILE}")
+    )
+    if not names:
+        raise DataError(f"{Path(ref.path) / 'manifest.json'}: the stage lists no recording (*/{HARDWARE_FILE})")
+    return [Path(ref.path) / name for name in names]
 
 
-def write_policy_json(folder: Path, name: str, policy_id: str, targets: np.ndarray) -> None:
-    """Write ``folder/policy.json``: the policy's name, id and targets (n, 6), atomically."""
-    atomic_write_json(folder / POLICY_FILE, {"name": name, "policy_id": policy_id, "targets": targets.tolist()})
+def write_policy_json(
+    folder: Path, name: str, policy_id: str, targets: np.ndarray, recorded_as: str | None = None
+) -> None:
+    """Write ``folder/policy.json``: the policy's name, id and targets (n, 6), and what else
+    identifies the run (``recorded_as``, a hash, where the stage keeps one), atomically."""
+    payload: dict[str, object] = {"name": name, "policy_id": policy_id, "targets": targets.tolist()}
+    if recorded_as is not None:
+        payload["recorded_as"] = recorded_as
+    atomic_write_json(folder / POLICY_FILE, payload)
 
 
 def write_first_frame_plot(stage_dir: Path, folder: Path) -> None:

@@ -8,31 +8,43 @@ stage copies them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import LoadedConfigs, StartPoseConfig
+from pipeline.config import ROBOT_FIELD, LoadedConfigs, StartPoseConfig
 from pipeline.errors import DataError
 from pipeline.policies import Policy
 from storage.catalog import POLICIES_FILE, RUNS_FILE, read_policies
 from storage.layout import Ref
 from storage.recording import HARDWARE_FILE, POLICY_FILE
-from storage.tracked import TRACKED_FILE
+from storage.tracked import TRACKED_FILE, tracked_under
 from storage.trajectory import caps_array, read_trajectory
+
+RUN_FIELDS = (
+    "redeploy.segment_timeout_s",
+    "collect.record_frames",
+    "hardware_backend",
+    "hardware_config",
+    ROBOT_FIELD,
+)
+"""The config fields besides its policy and start pose that a run's recording depends on."""
 
 
 @dataclass(frozen=True)
 class Run:
-    """One redeploy run: the ``policy`` from start ``start_index``, recorded under ``folder``."""
+    """One redeploy run: the ``policy`` from start ``start_index``, recorded under ``folder``;
+    ``recorded_as`` hashes all that its recording depends on (policy, start, :data:`RUN_FIELDS`)."""
 
     policy_key: str
     policy: Policy
     start_index: int
     start: StartPoseConfig
     folder: Path
+    recorded_as: str = ""
 
     @property
     def name(self) -> str:
@@ -54,17 +66,28 @@ class Run:
         recorded = json.loads((folder / POLICY_FILE).read_text())
         policy = Policy(name=recorded["name"], targets=np.asarray(recorded["targets"], float))
         start = StartPoseConfig.model_validate(payload["start"])
-        return cls(payload["policy_key"], policy, int(payload["start_index"]), start, folder)
+        return cls(
+            payload["policy_key"], policy, int(payload["start_index"]), start, folder, recorded.get("recorded_as", "")
+        )
 
-    def complete(self) -> bool:
-        """Whether the run's folder holds a complete recording of its policy and its tracking."""
+    def recorded_by_another(self) -> bool:
+        """Whether the run's folder holds a recording of another run (another policy, start or
+        config, :data:`RUN_FIELDS`)."""
+        path = self.folder / POLICY_FILE
+        return path.is_file() and json.loads(path.read_text()).get("recorded_as") != self.recorded_as
+
+    def recorded(self) -> bool:
+        """Whether the run's folder holds a complete recording of this run."""
         folder = self.folder
-        if not all((folder / name).is_file() for name in (TRACKED_FILE, HARDWARE_FILE, POLICY_FILE)):
-            return False
-        if json.loads((folder / POLICY_FILE).read_text()).get("policy_id") != self.policy.policy_id:
+        if not all((folder / name).is_file() for name in (HARDWARE_FILE, POLICY_FILE)) or self.recorded_by_another():
             return False
         _, meta = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
         return bool(meta.complete)
+
+    def complete(self, tracking_key: str) -> bool:
+        """Whether the run's folder holds a complete recording of this run, tracked under
+        ``tracking_key`` (:func:`storage.tracked.tracking_key`)."""
+        return tracked_under(self.folder / TRACKED_FILE) == tracking_key and self.recorded()
 
     def tracked_caps(self) -> np.ndarray:
         """The run's tracked end caps (T, 6, 3), m."""
@@ -84,6 +107,7 @@ def planned_runs(configs: LoadedConfigs, gaits_ref: Ref, stage_dir: Path) -> lis
     """Every (policy, start) run of ``redeploy``'s config, with the policies of the gaits stage,
     recorded under ``stage_dir``."""
     policies = read_policies(gaits_ref)
+    fields = configs.fields(RUN_FIELDS)
     runs = []
     for key in configs.pipeline.redeploy.policies:
         if key not in policies:
@@ -91,5 +115,7 @@ def planned_runs(configs: LoadedConfigs, gaits_ref: Ref, stage_dir: Path) -> lis
             raise DataError(f"{path}: no policy '{key}'; the gaits stage wrote {sorted(policies)}")
         policy = Policy(name=policies[key]["name"], targets=np.asarray(policies[key]["targets"], float))
         for k, start in enumerate(configs.pipeline.redeploy.starts):
-            runs.append(Run(key, policy, k, start, stage_dir / f"{key}-start{k}"))
+            identity = {"policy_id": policy.policy_id, "start": start.model_dump(mode="json"), **fields}
+            recorded_as = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+            runs.append(Run(key, policy, k, start, stage_dir / f"{key}-start{k}", recorded_as))
     return runs

@@ -5,6 +5,13 @@ Parquet part (atomically) in ``<final>.parts/``, and on :meth:`finalize` merges 
 parts into the final file, stamping ``complete`` in the schema metadata. If the
 process dies before finalising, :func:`recover_parts` later merges the parts
 with ``complete = false``.
+
+The merge commits in an order that a crash at any point leaves recoverable: the final file is
+written under a temporary name, flushed, renamed into place (the folder flushed too), and only
+then are the parts removed. The final file names the parts it holds (``merged_parts`` in its
+metadata), so a crash between the rename and the removal leaves parts that
+:func:`recover_parts` recognises as merged and only removes. A writer never opens over parts
+left by another process: they are recovered first (or kept aside) by the caller.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import DataError
-from storage.files import commit_temp, temp_sibling
+from storage.files import commit_temp, fsync_dir, temp_sibling
 
 META_KEY = b"r2s2r"
 
@@ -62,9 +69,12 @@ class PartedTableWriter:
         self._n_parts = 0
         self.n_rows = 0
         parts = parts_dir(final_path)
-        if parts.exists():
-            shutil.rmtree(parts)
-        parts.mkdir(parents=True)
+        if any(parts.glob("part-*.parquet")):
+            raise DataError(
+                f"{parts}: parts of an unfinished recording are there; recover them "
+                "(storage.tables.recover_parts) or keep them aside before writing anew"
+            )
+        parts.mkdir(parents=True, exist_ok=True)
 
     def append(self, row: dict[str, object]) -> None:
         self._rows.append(row)
@@ -86,23 +96,37 @@ class PartedTableWriter:
 
 
 def merge_parts(final_path: Path, schema: pa.Schema, meta: dict[str, object]) -> Path:
-    """Concatenate ``<final>.parts/*.parquet`` into ``final_path`` and remove the parts."""
+    """Concatenate ``<final>.parts/*.parquet`` into ``final_path`` (naming them in its metadata,
+    ``merged_parts``), then remove the parts (module docstring: the commit order)."""
     parts = sorted(parts_dir(final_path).glob("part-*.parquet"))
     tables = [pq.read_table(p) for p in parts]
     table = pa.concat_tables([t.cast(schema) for t in tables]) if tables else schema.empty_table()
-    write_table(final_path, table, meta)
-    shutil.rmtree(parts_dir(final_path))
+    write_table(final_path, table, {**meta, "merged_parts": [p.name for p in parts]})
+    _remove_parts(final_path)
     return final_path
 
 
+def _remove_parts(final_path: Path) -> None:
+    folder = parts_dir(final_path)
+    if folder.exists():
+        shutil.rmtree(folder)
+        fsync_dir(final_path.parent)
+
+
 def recover_parts(final_path: Path) -> Path | None:
-    """Merge parts left by a run that died, marking the result incomplete.
+    """Merge parts left by a run that died, marking the result incomplete. Idempotent: parts that
+    the final file already holds (a crash after its rename, before their removal) are only
+    removed, and the file is left as it is.
 
     Returns the recovered file, or None if there was nothing to recover.
     """
     parts = sorted(parts_dir(final_path).glob("part-*.parquet"))
     if not parts:
+        _remove_parts(final_path)  # an empty folder (or temporary files) of a writer that died
         return None
+    if final_path.is_file() and read_meta(final_path).get("merged_parts") == [p.name for p in parts]:
+        _remove_parts(final_path)
+        return final_path
     meta = read_meta(parts[0])
     schema = pq.read_schema(parts[0]).remove_metadata()
     return merge_parts(final_path, schema, {**meta, "complete": False})

@@ -21,9 +21,21 @@ from pipeline.robot_model import build_cables
 from pipeline.state_estimation import estimate_trajectory
 from storage.frames import camera_from_meta, iter_frames
 from storage.recording import FRAMES_FILE, HARDWARE_FILE
+from storage.tables import read_meta
 from storage.trajectory import make_meta, read_trajectory, write_trajectory
 
 TRACKED_FILE = "tracked.parquet"
+
+
+def tracking_key(robot: RobotConfig, config: TrackConfig) -> str:
+    """What a tracked trajectory depends on besides its recording: the robot config (with its
+    attachment overlay) and the track config, hashed; stored in its metadata (``tracking_key``)."""
+    return f"{config_hash(robot)}-{config_hash(config)}"
+
+
+def tracked_under(path: Path) -> str | None:
+    """The ``tracking_key`` a tracked trajectory file was written under; None if there is no file."""
+    return read_meta(path).get("tracking_key") if path.is_file() else None
 
 
 def track_recording(robot: RobotConfig, config: TrackConfig, folder: Path) -> tuple[pd.DataFrame, dict[str, object]]:
@@ -72,7 +84,8 @@ def write_tracked(
     iteration: int,
     policy_id: str,
 ) -> None:
-    """Write tracked rows as a ``source = tracked`` trajectory with the tracker's ``figures``."""
+    """Write tracked rows as a ``source = tracked`` trajectory with the tracker's ``figures`` and
+    the :func:`tracking_key` of ``robot`` and the track config."""
     meta = make_meta(
         source="tracked",
         robot_config_hash=config_hash(robot),
@@ -82,5 +95,6 @@ def write_tracked(
         sample_rate_hz=float((len(tracked) - 1) / max(np.ptp(tracked["t"].to_numpy()), 1e-9)),
         complete=True,
         tracking=figures,
+        tracking_key=tracking_key(robot, configs.pipeline.track),
     )
     write_trajectory(path, tracked, meta)

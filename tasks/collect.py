@@ -7,16 +7,18 @@ invocation never runs the hardware again.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
+import pyarrow.parquet as pq
 from prefect import task
 
-from pipeline.config import LoadedConfigs
+from pipeline.config import ROBOT_FIELD, LoadedConfigs
 from pipeline.errors import DataError
 from pipeline.hardware import make_robot
 from pipeline.hardware.base import Robot
@@ -29,9 +31,9 @@ from storage.recording import (
     GROUNDTRUTH_FILE,
     HARDWARE_FILE,
     POLICY_FILE,
-    Recording,
     open_recording,
     record_run,
+    recording_folders,
     recover_recording,
     write_first_frame_plot,
     write_policy_json,
@@ -40,6 +42,22 @@ from storage.tracking import StageContext
 from storage.trajectory import caps_array, read_trajectory
 
 STAGE = "collect"
+KEY_FIELDS = (
+    "collect.policy",
+    "collect.gait_cycles",
+    "collect.random",
+    "collect.segment_timeout_s",
+    "collect.record_frames",
+    "collect.later_iterations",
+    "hardware_backend",
+    "hardware_config",
+    ROBOT_FIELD,
+)
+"""The config fields a collection depends on: all of ``collect`` but how often it is flushed to
+disk, the hardware it runs on (the backend and its config file, not that file's content) and the
+robot config."""
+CONFIG_KEY = "config_sha256"
+"""Summary key: the sha256 of :data:`KEY_FIELDS` the collection was recorded under."""
 SOURCE_KEY = "redeploy_manifest_sha256"
 """Summary key (iteration k > 1): the sha256 of the redeploy stage manifest whose runs were copied."""
 log = logging.getLogger(__name__)
@@ -59,7 +77,7 @@ def run_collect(
     k - 1's redeploy runs instead (copied, one folder each), and with
     ``collect.later_iterations: redeploy_and_random`` a fresh random policy as well. If the stage already holds a
     complete collection it is returned untouched (the hardware is not run), unless ``fresh``:
-    then that collection is kept aside (``collect.replaced-<time>``) and a new one recorded. In
+    then that collection is kept aside (``set-aside/iter_<k>/collect.replaced-<time>``) and a new one recorded. In
     iteration k > 1 a collection of other redeploy runs than iteration k - 1's complete ones now
     (the gaits, so the redeploy, changed since) is kept aside too and the runs copied again; a
     random recording of the iteration's own is carried over, not run again. An
@@ -74,6 +92,10 @@ def run_collect(
     stage_dir = layout.stage_dir(iteration, STAGE)
     existing = complete_stage_ref(stage_dir)
     earlier = read_manifest(existing)["summary"] if existing is not None and not fresh else {}
+    reconfigured = existing is not None and not fresh and recorded_under_other_config(configs, earlier)
+    if reconfigured:
+        log.warning("collect: %s was recorded under another collect config; recording anew", stage_dir)
+        fresh, earlier = True, {}
     stale = existing is not None and not fresh and iteration > 1 and not _holds_current_runs(layout, iteration, earlier)
     if existing is not None and not fresh and not stale:
         log.info("collect: reusing complete recording at %s", stage_dir)
@@ -88,7 +110,7 @@ def run_collect(
     stopped = stopped_segment(stage_dir, policy) if existing is None and iteration == 1 else None
     kept = None
     if stage_dir.exists() and stopped is None:
-        kept = set_aside(stage_dir, "incomplete" if existing is None else "replaced")
+        kept = set_aside(layout, stage_dir, "incomplete" if existing is None else "replaced")
     robot_factory = (lambda: make_robot(configs)) if robot is None else (lambda: robot)
     summary: dict[str, object] = {}
     if iteration > 1:
@@ -103,14 +125,28 @@ def run_collect(
         log.warning("collect: resuming %s from segment %d (the partial recording is kept)", policy.policy_id, stopped)
         rest = Policy(name=f"{policy.name}-from{stopped}", targets=policy.targets[stopped:])
         if (stage_dir / rest.policy_id).exists():  # an earlier resume that failed too: keep it beside
-            set_aside(stage_dir / rest.policy_id, "incomplete")
-        summary.update(_record_policy(configs, iteration, stage_dir, rest, robot_factory(), show_progress))
-        summary.update({"policy_id": policy.policy_id, "resumed_policy_id": rest.policy_id})
-        summary["resumed_from_segment"] = stopped
+            set_aside(layout, stage_dir / rest.policy_id, "incomplete")
+        _record_policy(configs, iteration, stage_dir, rest, robot_factory(), show_progress)
+        summary.update(_summarise([stage_dir / policy.policy_id, stage_dir / rest.policy_id], policy))
+        summary.update({"resumed_policy_id": rest.policy_id, "resumed_from_segment": stopped})
     elif iteration == 1 or configs.pipeline.collect.later_iterations == "redeploy_and_random":
-        summary.update(_record_policy(configs, iteration, stage_dir, policy, robot_factory(), show_progress))
+        _record_policy(configs, iteration, stage_dir, policy, robot_factory(), show_progress)
+        summary.update(_summarise([stage_dir / policy.policy_id], policy))
+    summary[CONFIG_KEY] = config_sha256(configs)
     ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
     return ref, summary
+
+
+def config_sha256(configs: LoadedConfigs) -> str:
+    """The sha256 of the config fields a collection depends on (:data:`KEY_FIELDS`)."""
+    return hashlib.sha256(json.dumps(configs.fields(KEY_FIELDS), sort_keys=True).encode()).hexdigest()
+
+
+def recorded_under_other_config(configs: LoadedConfigs, summary: dict) -> bool:
+    """Whether the collection with manifest ``summary`` was recorded under other :data:`KEY_FIELDS`
+    than ``configs``'. An imported recording, which names none, is taken as it is."""
+    recorded = summary.get(CONFIG_KEY)
+    return recorded is not None and recorded != config_sha256(configs)
 
 
 def stopped_segment(stage_dir: Path, policy: Policy) -> int | None:
@@ -129,9 +165,9 @@ def stopped_segment(stage_dir: Path, policy: Policy) -> int | None:
 
 def _record_policy(
     configs: LoadedConfigs, iteration: int, stage_dir: Path, policy: Policy, robot: Robot, show_progress: bool
-) -> dict[str, object]:
-    """Run ``policy`` on ``robot`` into ``stage_dir/<policy_id>/`` with plots; its summary. On a
-    failure the stage's manifest says incomplete (with the error) and the exception propagates."""
+) -> None:
+    """Run ``policy`` on ``robot`` into ``stage_dir/<policy_id>/`` with plots. On a failure the
+    stage's manifest says incomplete (with the error) and the exception propagates."""
     c = configs.pipeline.collect
     folder = stage_dir / policy.policy_id
     folder.mkdir(parents=True)
@@ -153,7 +189,6 @@ def _record_policy(
         raise
     truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
     _write_plots(stage_dir, folder, caps_array(truth), policy)
-    return _summarise(truth, policy, recording)
 
 
 def _copy_redeploy_runs(layout: RunLayout, iteration: int, stage_dir: Path) -> dict[str, object]:
@@ -167,9 +202,7 @@ def _copy_redeploy_runs(layout: RunLayout, iteration: int, stage_dir: Path) -> d
             f"{source_dir}: iteration {iteration} collects iteration {iteration - 1}'s redeploy runs, and that "
             f"stage is not complete; run iteration {iteration - 1} first"
         )
-    runs = sorted(p.parent for p in Path(previous.path).glob(f"*/{HARDWARE_FILE}"))
-    if not runs:
-        raise DataError(f"{source_dir}: no redeploy run ({HARDWARE_FILE}) to collect")
+    runs = recording_folders(previous)
     stage_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{STAGE}-", dir=stage_dir.parent))
     try:
@@ -188,18 +221,21 @@ def _copy_redeploy_runs(layout: RunLayout, iteration: int, stage_dir: Path) -> d
 
 def needs_hardware(configs: LoadedConfigs, iteration: int) -> bool:
     """Whether :func:`run_collect` (not ``fresh``) would run the robot for ``iteration``: iteration 1
-    without a complete collection, or a later one that records a random policy of its own
-    (``redeploy_and_random``) and has none to carry over. Copying iteration k - 1's redeploy runs,
-    again when the collection holds other ones, needs no robot."""
+    without a complete collection under this config (:data:`KEY_FIELDS`), or a later one that
+    records a random policy of its own (``redeploy_and_random``) and has none to carry over.
+    Copying iteration k - 1's redeploy runs, again when the collection holds other ones, needs no
+    robot."""
     layout = RunLayout.of(configs)
     stage_dir = layout.stage_dir(iteration, STAGE)
     existing = complete_stage_ref(stage_dir)
     random = configs.pipeline.collect.later_iterations == "redeploy_and_random"
     if existing is None:
         return iteration == 1 or random
+    earlier = read_manifest(existing, verify_files=False)["summary"]
+    if recorded_under_other_config(configs, earlier):
+        return iteration == 1 or random
     if iteration == 1:
         return False
-    earlier = read_manifest(existing, verify_files=False)["summary"]
     if _holds_current_runs(layout, iteration, earlier):
         return False
     policy = collect_policy(configs.robot, configs.pipeline.collect, seed_offset=iteration - 1)
@@ -213,20 +249,28 @@ def _holds_current_runs(layout: RunLayout, iteration: int, summary: dict) -> boo
     return summary.get(SOURCE_KEY) == previous_redeploy_sha(layout, iteration)
 
 
-def _summarise(truth: pd.DataFrame, policy: Policy, recording: Recording) -> dict[str, float]:
-    caps = caps_array(truth)
-    centroid = caps.mean(axis=1)
-    t = truth["t"].to_numpy()
+def _summarise(folders: list[Path], policy: Policy) -> dict[str, object]:
+    """Figures of ``policy``'s whole recording, read from its files: ``folders`` holds it in
+    order (one folder, or a recording cut short followed by the resumed rest). Samples, frames,
+    duration and path length add up over the folders; the displacement adds each folder's net
+    motion (a resumed run starts wherever the robot then stands); targets reached counts the
+    segments finished before each cut and those of the last folder."""
+    hardware = [read_trajectory(f / HARDWARE_FILE, expect_source="hardware")[0] for f in folders]
+    truths = [read_trajectory(f / GROUNDTRUTH_FILE, expect_source="groundtruth")[0] for f in folders]
+    centroids = [caps_array(truth).mean(axis=1)[:, :2] for truth in truths]
+    duration = sum(float(np.ptp(truth["t"])) for truth in truths)
+    n_sensor = sum(len(h) for h in hardware)
+    frames = [f / FRAMES_FILE for f in folders if (f / FRAMES_FILE).is_file()]
     return {
         "policy_id": policy.policy_id,
         "n_targets": len(policy),
-        "targets_reached": int(truth["segment"].max()) + 1,
-        "duration_s": float(t[-1] - t[0]),
-        "n_sensor_samples": recording.n_sensor,
-        "n_frames": recording.n_frames,
-        "sample_rate_hz": float((len(t) - 1) / max(t[-1] - t[0], 1e-9)),
-        "centroid_displacement_m": float(np.linalg.norm(centroid[-1, :2] - centroid[0, :2])),
-        "centroid_path_length_m": float(np.linalg.norm(np.diff(centroid[:, :2], axis=0), axis=1).sum()),
+        "targets_reached": sum(int(t["segment"].max()) for t in truths[:-1]) + int(truths[-1]["segment"].max()) + 1,
+        "duration_s": duration,
+        "n_sensor_samples": n_sensor,
+        "n_frames": sum(pq.read_metadata(f).num_rows for f in frames),
+        "sample_rate_hz": float(sum(len(truth) - 1 for truth in truths) / max(duration, 1e-9)),
+        "centroid_displacement_m": float(np.linalg.norm(sum(c[-1] - c[0] for c in centroids))),
+        "centroid_path_length_m": float(sum(np.linalg.norm(np.diff(c, axis=0), axis=1).sum() for c in centroids)),
     }
 
 

@@ -61,7 +61,7 @@ def run_import(
     name = import_policy_name(src_dir)
     policy_id = f"{name}-{source_digest(src_dir)[:8]}"
     if stage_dir.exists():
-        set_aside(stage_dir, "incomplete")
+        set_aside(layout, stage_dir, "incomplete")
     folder = stage_dir / policy_id
     folder.mkdir(parents=True)
     try:

@@ -11,14 +11,16 @@ the collect stage's layout plus ``tracked.parquet``, so the next iteration's sys
 them; the ``evaluate`` stage replays them in the engine for the sim-to-real gap.
 
 A run whose folder already holds a complete recording of the same policy and its tracking is
-not run again, so a stage that died mid-way resumes where it stopped. In the flow each run is
+not run again, so a stage that died mid-way resumes where it stopped: its finished runs are
+kept, and the run it was recording when it died (the part files a killed process left are
+merged first, :func:`storage.recording.recover_recording`) is kept aside under
+``set-aside/`` and recorded again from its start pose. In the flow each run is
 its own task run (:func:`redeploy_run`) before the stage task gathers them, so a parallel task
 runner can spread them.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -33,44 +35,53 @@ from pipeline.metrics import motion_in_start_frame
 from storage.catalog import REPEATABILITY_FILE, RUNS_FILE, attached_robot
 from storage.files import atomic_write_json
 from storage.layout import Ref, RunLayout, set_aside, write_manifest
-from storage.recording import POLICY_FILE, open_recording, record_run, write_policy_json
-from storage.redeploy_runs import Run, planned_runs
-from storage.tracked import TRACKED_FILE, track_recording, write_tracked
+from storage.recording import open_recording, record_run, recover_recording, write_policy_json
+from storage.redeploy_runs import RUN_FIELDS, Run, planned_runs
+from storage.tracked import TRACKED_FILE, track_recording, tracking_key, write_tracked
 from storage.tracking import StageContext
 
 STAGE = "redeploy"
+KEY_FIELDS = ("redeploy", "track", *RUN_FIELDS)
+"""The config fields the stage's output depends on: its runs' (:data:`storage.redeploy_runs.RUN_FIELDS`),
+the runs and starts (``redeploy``) and the tracking of each run (``track``)."""
 
 
 def set_aside_other_runs(configs: LoadedConfigs, iteration: int, gaits_ref: Ref, fresh: bool = False) -> None:
-    """Keep the stage folder aside (``redeploy.replaced-<time>``) if it holds runs of other
-    policies than the gaits stage's (the gaits changed since), or any run when ``fresh`` (every
-    run is to be recorded again): recorded runs are never overwritten."""
-    stage_dir = RunLayout.of(configs).stage_dir(iteration, STAGE)
+    """Keep the stage folder aside (``set-aside/iter_<k>/redeploy.replaced-<time>``) if it holds
+    other runs than those planned now (the gaits, the start poses or the hardware changed since),
+    or any run when ``fresh`` (every run is to be recorded again): recorded runs are never
+    overwritten."""
+    layout = RunLayout.of(configs)
+    stage_dir = layout.stage_dir(iteration, STAGE)
     if fresh and stage_dir.exists():
-        set_aside(stage_dir, "replaced")
+        set_aside(layout, stage_dir, "replaced")
         return
-    for run in planned_runs(configs, gaits_ref, stage_dir):
-        recorded = run.folder / POLICY_FILE
-        if recorded.is_file() and json.loads(recorded.read_text()).get("policy_id") != run.policy.policy_id:
-            set_aside(stage_dir, "replaced")
-            return
+    if any(run.recorded_by_another() for run in planned_runs(configs, gaits_ref, stage_dir)):
+        set_aside(layout, stage_dir, "replaced")
 
 
 def execute_run(
     configs: LoadedConfigs, iteration: int, robot_config: RobotConfig, run: Run, hardware: Robot | None = None
 ) -> None:
     """Record ``run`` on ``hardware`` (the configured backend if None) and track it into its folder;
-    skipped if the folder already holds it."""
-    if run.complete():
+    skipped if the folder already holds it, only tracked if it holds the recording. What an
+    interrupted recording left in the folder is recovered and kept aside first (module docstring)."""
+    key = tracking_key(robot_config, configs.pipeline.track)
+    if run.complete(key):
         return
-    hardware = make_robot(configs) if hardware is None else hardware
-    run.folder.mkdir(parents=True, exist_ok=True)
-    write_policy_json(run.folder, run.policy.name, run.policy.policy_id, run.policy.targets)
-    timeout_s = configs.pipeline.redeploy.segment_timeout_s
-    recording = open_recording(configs, iteration, run.name, run.folder, hardware, timeout_s)
-    start = StartPose(run.start.x_m, run.start.y_m, math.radians(run.start.yaw_deg))
-    record = configs.pipeline.collect.record_frames
-    record_run(hardware, run.policy, recording, record, start=start, show_progress=False)
+    if run.folder.exists():
+        recover_recording(run.folder)
+        if not run.recorded():
+            set_aside(RunLayout.of(configs), run.folder, "incomplete")
+    if not run.recorded():
+        hardware = make_robot(configs) if hardware is None else hardware
+        run.folder.mkdir(parents=True)
+        write_policy_json(run.folder, run.policy.name, run.policy.policy_id, run.policy.targets, run.recorded_as)
+        timeout_s = configs.pipeline.redeploy.segment_timeout_s
+        recording = open_recording(configs, iteration, run.name, run.folder, hardware, timeout_s)
+        start = StartPose(run.start.x_m, run.start.y_m, math.radians(run.start.yaw_deg))
+        record = configs.pipeline.collect.record_frames
+        record_run(hardware, run.policy, recording, record, start=start, show_progress=False)
     tracked, figures = track_recording(robot_config, configs.pipeline.track, run.folder)
     write_tracked(run.folder / TRACKED_FILE, tracked, figures, robot_config, configs, iteration, run.name)
 
@@ -90,11 +101,11 @@ def run_redeploy(
     robot = attached_robot(configs, attach_ref)
     try:
         for run in runs:
-            if not run.complete():
+            if not run.recorded():
                 hardware = make_robot(configs) if hardware is None else hardware
-                execute_run(configs, iteration, robot, run, hardware)
+            execute_run(configs, iteration, robot, run, hardware)
     except BaseException as exc:
-        done = [r.name for r in runs if r.complete()]
+        done = [r.name for r in runs if r.complete(tracking_key(robot, configs.pipeline.track))]
         write_manifest(
             stage_dir, STAGE, complete=False, summary={"runs_complete": done, "error": f"{type(exc).__name__}: {exc}"}
         )

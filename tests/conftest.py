@@ -86,10 +86,13 @@ SMALL_REDEPLOY = {"redeploy.policies": ["turning"]}
 """One policy from the three default starts."""
 
 
-def write_test_pipeline(folder: Path, campaign: str = "test", n_targets: int = 4, **collect: object) -> Path:
-    """Write a pipeline config (and a small-camera twin config) under ``folder``."""
+def write_test_pipeline(
+    folder: Path, campaign: str = "test", n_targets: int = 4, twin: str = "twin.yaml", **collect: object
+) -> Path:
+    """Write a pipeline config (and a small-camera copy of the twin config ``configs/hardware/<twin>``)
+    under ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    base = load_all(DEFAULT_PIPELINE)
+    base = load_all(DEFAULT_PIPELINE, {"hardware_config": REPO / "configs" / "hardware" / twin})
     twin_path = folder / "twin.yaml"
     twin_path.write_text(yaml.safe_dump(small_twin(base.twin).model_dump(mode="json")))
     pipeline = base.pipeline.updated(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from importlib.metadata import version
 from pathlib import Path
@@ -16,7 +17,7 @@ import yaml
 from flows.stages import stage_names
 from flows.status import stage_status
 from pipeline.config import load_all, robot_with_overlay
-from pipeline.errors import HardwareError
+from pipeline.errors import DataError, HardwareError
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.policies import random_policy
 from storage.catalog import TRAINING_FILE
@@ -30,6 +31,7 @@ from storage.recording import (
     RecordingIdentity,
     recover_recording,
 )
+from storage.tracked import TRACKED_FILE
 from storage.tracking import (
     CAMPAIGN_RUN_TAG,
     EXPERIMENT_KIND_TAG,
@@ -67,6 +69,18 @@ def test_run_collect_writes_the_contract(test_pipeline: Path) -> None:
 
     again, _ = run_collect(configs, iteration=1, show_progress=False)
     assert again == ref  # complete data are never overwritten
+    assert not needs_hardware(configs, 1) and not needs_hardware(
+        load_all(test_pipeline, {"collect.checkpoint_every_s": 9}), 1
+    )
+
+    # another collect config: that recording is not this config's; kept aside, recorded anew
+    more = load_all(test_pipeline, {"collect.random.n_targets": configs.pipeline.collect.random.n_targets + 1})
+    assert needs_hardware(more, 1)
+    other, other_summary = run_collect(more, iteration=1, show_progress=False)
+    assert other_summary["n_targets"] > summary["n_targets"] and other.sha256 != ref.sha256
+    kept = list((RunLayout.of(configs).set_aside_dir / "iter_1").glob("collect.replaced-*"))
+    assert len(kept) == 1 and (kept[0] / summary["policy_id"] / HARDWARE_FILE).is_file()
+    assert not needs_hardware(more, 1)
 
 
 def test_disconnect_keeps_partial_recording(tmp_path: Path) -> None:
@@ -89,10 +103,16 @@ def test_disconnect_keeps_partial_recording(tmp_path: Path) -> None:
     ref, summary = run_collect(configs, iteration=1, show_progress=False)
     assert read_manifest(ref)["complete"] is True
     assert summary["policy_id"] == folder.name and summary["resumed_from_segment"] == stopped
-    assert not list(stage.parent.glob("collect.incomplete-*"))
+    assert not RunLayout.of(configs).set_aside_dir.exists()
     assert len(read_trajectory(folder / HARDWARE_FILE)[0]) == 65  # untouched
     rest = stage / summary["resumed_policy_id"]
     resumed, resumed_meta = read_trajectory(rest / HARDWARE_FILE)
+    # the summary (and so MLflow) counts the whole recording: the part cut short and the rest
+    assert summary["n_sensor_samples"] == 65 + len(resumed)
+    assert summary["n_frames"] == 7 + len(list(iter_frames(rest / FRAMES_FILE)))
+    assert summary["n_targets"] == len(json.loads((folder / "policy.json").read_text())["targets"])
+    assert summary["targets_reached"] == summary["n_targets"]
+    assert summary["duration_s"] == pytest.approx(np.ptp(hardware["t"]) + np.ptp(resumed["t"]), abs=0.05)
     targets = json.loads((folder / "policy.json").read_text())["targets"]
     assert resumed_meta.complete and resumed["segment"].max() == len(targets) - stopped - 1
     assert json.loads((rest / "policy.json").read_text())["targets"] == targets[stopped:]
@@ -101,7 +121,9 @@ def test_disconnect_keeps_partial_recording(tmp_path: Path) -> None:
     from storage.catalog import load_recordings
     from tasks.track import run_track
 
-    track_ref, _ = run_track(configs, 1, ref)
+    shutil.copytree(rest, stage / "not-in-the-manifest")  # e.g. a folder a user put there
+    track_ref, track_summary = run_track(configs, 1, ref)
+    assert sorted(r["policy_id"] for r in track_summary["recordings"]) == sorted([folder.name, rest.name])
     recordings = load_recordings(ref, track_ref, 8.0)
     assert set(recordings) == {folder.name, rest.name}
     assert recordings[folder.name].segment.max() == stopped - 1
@@ -164,7 +186,7 @@ def test_a_later_collect_follows_the_redeploy_runs_it_copies(tmp_path: Path, twi
     assert copied.equals(source)
     random_folder = Path(second.path) / str(summary["policy_id"])
     assert (random_folder / HARDWARE_FILE).is_file()
-    assert len(list(Path(second.path).parent.glob("collect.replaced-*"))) == 1
+    assert len(list((layout.set_aside_dir / "iter_2").glob("collect.replaced-*"))) == 1
     read_manifest(second)  # every file listed and unchanged
 
 
@@ -439,3 +461,33 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert stage_status(configs, 1)["sysid"] == "cached"
     refused = CliRunner().invoke(app, ["rerun", "collect", "--config", config])
     assert refused.exit_code == 2 and "--recollect" in refused.output
+
+    # a truncated attach file: `status` names it, the next run keeps the output aside and recomputes it
+    attach_dir = RunLayout.of(configs).stage_dir(1, "attach")
+    overlay = attach_dir / "attachment.yaml"
+    overlay.write_bytes(overlay.read_bytes()[:-5])
+    problems: dict[str, str] = {}
+    assert stage_status(configs, 1, problems=problems)["attach"] == "corrupt"
+    assert str(overlay) in problems["attach"]
+    rerun = r2s2r_iteration(config, iteration=1, stages=["attach"])
+    assert rerun["stages"]["attach"]["cached"] is False
+    assert yaml.safe_load(overlay.read_text()) and stage_status(configs, 1)["attach"] != "corrupt"
+    set_aside = RunLayout.of(configs).set_aside_dir / "iter_1"
+    assert len(list(set_aside.glob("attach.corrupt-*"))) == 1
+
+    # an edit that keeps the size and the time is found by hashing (status --verify)
+    tracked = next(RunLayout.of(configs).stage_dir(1, "track").glob(f"*/{TRACKED_FILE}"))
+    stat = tracked.stat()
+    data = bytearray(tracked.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    tracked.write_bytes(bytes(data))
+    os.utime(tracked, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert stage_status(configs, 1)["track"] != "corrupt"
+    assert stage_status(configs, 1, verify=True)["track"] == "corrupt"
+
+    # a changed recording is never recorded again behind the user's back: refused, kept aside
+    recording = next(Path(first["stages"]["collect"]["ref"]["path"]).glob(f"*/{HARDWARE_FILE}"))
+    recording.write_bytes(recording.read_bytes() + b"\0")
+    with pytest.raises(DataError, match=rf"{recording.name}: .* bytes where .*kept at .*collect\.corrupt-"):
+        r2s2r_iteration(config, iteration=1, stages=["collect"])
+    assert executions == [1] * 4 and len(list(set_aside.glob("collect.corrupt-*"))) == 1

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import load_all
@@ -25,6 +26,7 @@ from storage.catalog import (
 )
 from storage.files import atomic_write_json
 from storage.layout import RunLayout, read_manifest, write_manifest
+from storage.recording import Recording
 from storage.redeploy_runs import recorded_runs
 from storage.trajectory import read_trajectory
 from tasks.evaluate import gap_summary, run_evaluate, summary_markdown
@@ -45,17 +47,21 @@ def _inputs(configs, iteration: int):
     return refs
 
 
-def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path) -> None:
-    configs = load_all(write_test_pipeline(tmp_path, campaign="redeploy"))
+def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path, monkeypatch) -> None:
+    """A run cut short by a fault in a process that then dies (its part files never merged) is
+    recovered and kept aside; the resumed stage records it again and keeps every finished run."""
+    configs = load_all(write_test_pipeline(tmp_path, campaign="redeploy", checkpoint_every_s=0.2))
     refs = _inputs(configs, 1)
     twin = small_twin(configs.twin)
-    with pytest.raises(HardwareError, match="connection lost"):
-        run_redeploy(configs, 1, refs["attach"], refs["gaits"], MujocoTwin(configs.robot, twin, 1.0))
+    with monkeypatch.context() as killed:
+        killed.setattr(Recording, "close", lambda self, complete, reason=None: [])  # dies before merging
+        with pytest.raises(HardwareError, match="connection lost"):
+            run_redeploy(configs, 1, refs["attach"], refs["gaits"], MujocoTwin(configs.robot, twin, 1.0))
     stage = Path(refs["gaits"].path).parent / "redeploy"
     manifest = json.loads((stage / "manifest.json").read_text())
     assert manifest["complete"] is False and "connection lost" in manifest["summary"]["error"]
-    _, meta = read_trajectory(stage / "turning-start0" / "hardware.parquet", expect_source="hardware")
-    assert meta.complete is False  # what was recorded before the fault is kept, marked incomplete
+    assert list((stage / "turning-start0" / "hardware.parquet.parts").glob("part-*"))
+    flushed = pq.read_table(stage / "turning-start0" / "hardware.parquet.parts").num_rows
 
     executions = []
     hardware = MujocoTwin(configs.robot, twin)
@@ -68,6 +74,10 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     hardware.execute = counting
     ref, summary = run_redeploy(configs, 1, refs["attach"], refs["gaits"], hardware)
     assert len(executions) == 3
+    kept = list((RunLayout.of(configs).set_aside_dir / "iter_1" / "redeploy").glob("turning-start0.incomplete-*"))
+    assert len(kept) == 1  # what was recorded before the fault is kept, marked incomplete, where no stage lists it
+    cut_short, meta = read_trajectory(kept[0] / "hardware.parquet", expect_source="hardware")
+    assert meta.complete is False and len(cut_short) == flushed > 0
     assert read_manifest(ref)["complete"] is True
     assert [run.name for run in recorded_runs(ref)] == [f"turning-start{k}" for k in range(3)]
     assert (
@@ -107,7 +117,8 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     set_aside_other_runs(configs, 1, refs["gaits"])
     assert stage.is_dir()  # same policies: nothing moved
     set_aside_other_runs(configs, 1, refs["gaits"], fresh=True)
-    assert not stage.exists() and len(list(stage.parent.glob("redeploy.replaced-*"))) == 1
+    replaced = RunLayout.of(configs).set_aside_dir / "iter_1"
+    assert not stage.exists() and len(list(replaced.glob("redeploy.replaced-*"))) == 1
 
 
 def test_summary_shows_the_gap_and_the_identified_values_against_the_twins_truth(tmp_path: Path) -> None:

@@ -6,14 +6,16 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Literal, get_args, get_origin
 
 from prefect import task
+from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from flows import stages as stage_table
-from flows.caching import ROBOT_SECTION, stage_cache_key
+from flows.caching import stage_cache_key
 from flows.stages import Call, Stage
-from pipeline.config import LoadedConfigs, load_all
+from pipeline.config import ROBOT_FIELD, LoadedConfigs, load_all
 from storage.layout import Ref, RunLayout, write_manifest
 
 from .conftest import write_test_pipeline
@@ -31,7 +33,7 @@ def dummy(configs: LoadedConfigs, iteration: int, mlflow_run_id: str, collect_re
     return write_manifest(stage_dir, "dummy", complete=True, summary={}).to_json()
 
 
-DUMMY = Stage("dummy", dummy, inputs=("collect",), version="1", sections=("track", ROBOT_SECTION))
+DUMMY = Stage("dummy", dummy, inputs=("collect",), version="1", sections=("track", ROBOT_FIELD))
 
 
 def test_the_table_names_every_stage_once_in_flow_order(default_configs: LoadedConfigs) -> None:
@@ -62,6 +64,134 @@ def test_a_stage_key_is_its_identity_inputs_sections_and_version(default_configs
         same = DUMMY.cache_key(None, DUMMY.parameters(changed_call)) == key
         assert same is (section not in DUMMY.sections), section
     assert dataclasses.replace(DUMMY, version="2").cache_key(None, DUMMY.parameters(call)).startswith("dummy-v2-")
+
+
+EVERY_STAGE = frozenset(stage_table.stage_names())
+READERS: dict[str, frozenset[str]] = {
+    "campaign": EVERY_STAGE,  # identity: every key holds it
+    "runs_dir": EVERY_STAGE,
+    "hardware_backend": frozenset({"collect", "sysid", "redeploy", "evaluate"}),  # sysid, evaluate: the truth
+    "hardware_config": frozenset({"collect", "sysid", "redeploy", "evaluate"}),
+    "collect": frozenset({"collect"}),
+    "collect.record_frames": frozenset({"collect", "redeploy"}),
+    "collect.segment_timeout_s": frozenset({"collect", "sysid", "learn"}),
+    "track": frozenset({"track", "redeploy"}),  # redeploy tracks every run it records
+    "attach": frozenset({"attach"}),
+    "sysid": frozenset({"sysid"}),
+    "learn": frozenset({"learn"}),
+    "gaits": frozenset({"gaits"}),
+    "gaits.search.dt_s": frozenset({"gaits", "evaluate"}),  # evaluate replays at the search's step
+    "redeploy": frozenset({"redeploy", "evaluate"}),
+    "redeploy.segment_timeout_s": frozenset({"gaits", "learn", "redeploy", "evaluate"}),
+    "engine.contact": frozenset({"gaits"}),
+}
+"""Which stages' outputs each pipeline config field changes (the most specific prefix applies),
+read off the code: ``tasks/<stage>.py`` and what it calls."""
+NO_OUTPUT = {
+    "robot_config": "a path; the robot config's content is keyed by its hash",
+    "collect.checkpoint_every_s": "how often a recording is flushed to disk, not what it holds",
+    "redeploy.concurrent_runs": "whether the runs are submitted at once; each run records alone",
+    "runner": "where the tasks run, not what they compute",
+    "engine.compiled": "the compiled step equals the eager one (test_engine checks it)",
+}
+"""Fields that change no stage's output, and why."""
+
+
+def _leaves(model: BaseModel, prefix: str = "") -> list[tuple[str, object]]:
+    out = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        path = f"{prefix}{name}"
+        out += _leaves(value, f"{path}.") if isinstance(value, BaseModel) else [(path, value)]
+    return out
+
+
+def _other_values(value: object) -> list[object]:
+    """Candidate values other than ``value``, as YAML would give them (the first valid one is used)."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value + 1, value - 1]
+    if isinstance(value, float):
+        return [value * 1.5 + 0.01, value * 0.5]
+    if isinstance(value, Path):
+        return [str(value) + "-other"]
+    if isinstance(value, str):
+        return [
+            "learned",
+            "analytic",
+            "onboard",
+            "camera",
+            "cw",
+            "ccw",
+            "straight",
+            "dask",
+            "processes",
+            "all_step",
+            "redeploy_and_random",
+            f"{value}-other",
+        ]
+    if isinstance(value, tuple) and value:
+        if isinstance(value[0], BaseModel):
+            return [[v.model_dump(mode="json") for v in value[:-1]]]
+        return [list(value[:-1]), list(reversed(value)), [value[0]], [*value, value[-1]]]
+    if isinstance(value, tuple):
+        return [["friction"], [0.5]]
+    if value is None:
+        return [2, [0.0, 0.5, 1.0], "127.0.0.1:8786"]
+    if isinstance(value, dict):
+        return [{"friction": {"value": 0.7, "scale": 0.1}}, {"friction": 0.2}]
+    raise AssertionError(f"no other value for {value!r}")
+
+
+def _only_value(model: BaseModel, field: str) -> bool:
+    """Whether ``field`` admits one value (a one-member ``Literal``): nothing to change."""
+    *parents, last = field.split(".")
+    for part in parents:
+        model = getattr(model, part)
+    annotation = type(model).model_fields[last].annotation
+    return get_origin(annotation) is Literal and len(get_args(annotation)) == 1
+
+
+def _readers(field: str) -> frozenset[str] | None:
+    prefixes = [p for p in READERS if field == p or field.startswith(f"{p}.")]
+    return READERS[max(prefixes, key=len)] if prefixes else None
+
+
+def test_every_stage_key_covers_every_config_field_that_changes_its_output(default_configs: LoadedConfigs) -> None:
+    """Walk every field of the pipeline config: changed to another valid value, it must change
+    the key of every stage whose output it changes (:data:`READERS`), or be one that changes no
+    output (:data:`NO_OUTPUT`, with why). A new field fails here until it is placed. The robot
+    config's content is in every key."""
+
+    def keys(configs: LoadedConfigs) -> dict[str, str]:
+        return {s.name: stage_cache_key(s.name, s.version, configs, 1, {}, s.sections) for s in stage_table.TABLE}
+
+    base = keys(default_configs)
+    missed = {}
+    for field, value in _leaves(default_configs.pipeline):
+        if any(field == p or field.startswith(f"{p}.") for p in NO_OUTPUT):
+            continue
+        readers = _readers(field)
+        assert readers is not None, f"{field}: say which stages' outputs it changes (READERS) or why none (NO_OUTPUT)"
+        for other in _other_values(value):
+            try:
+                changed = default_configs.updated({f"pipeline.{field}": other})
+            except (ValueError, KeyError):
+                continue
+            if changed.pipeline != default_configs.pipeline:
+                break
+        else:
+            if _only_value(default_configs.pipeline, field):
+                continue
+            raise AssertionError(f"{field}: no other valid value among {_other_values(value)}")
+        new = keys(changed)
+        unchanged = sorted(stage for stage in readers if new[stage] == base[stage])
+        if unchanged:
+            missed[field] = unchanged
+    assert not missed, f"fields that change these stages' outputs but not their keys: {missed}"
+    robot = default_configs.updated({"robot.pid.kp": default_configs.robot.pid.kp + 1})
+    assert all(keys(robot)[stage] != base[stage] for stage in EVERY_STAGE)
 
 
 def test_the_gaits_key_covers_the_learn_output_only_when_the_learned_contact_judges(

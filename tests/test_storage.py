@@ -189,10 +189,12 @@ def test_parted_writer_survives_a_crash(tmp_path: Path) -> None:
     writer.append({"t": 5.0})  # buffered, not flushed: lost in a crash
     del writer  # the process "dies" here: no finalize
     assert not final.exists()
+    with pytest.raises(DataError, match=r"data.parquet.parts: parts of an unfinished recording"):
+        PartedTableWriter(final, schema, {"who": "test"})  # a new writer never opens over them
     recovered = recover_parts(final)
     assert recovered == final
     assert pq.read_table(final).column("t").to_pylist() == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert read_meta(final) == {"who": "test", "complete": False}
+    assert read_meta(final) == {"who": "test", "complete": False, "merged_parts": ["part-00000.parquet"]}
     assert recover_parts(final) is None
 
     writer = PartedTableWriter(final, schema, {"who": "test"})
@@ -200,6 +202,37 @@ def test_parted_writer_survives_a_crash(tmp_path: Path) -> None:
     writer.finalize(complete=True)
     assert read_meta(final)["complete"] is True
     assert not final.with_name("data.parquet.parts").exists()
+
+
+def test_a_crash_between_the_merge_and_the_clean_up_is_recovered_once(tmp_path: Path, monkeypatch) -> None:
+    """The final file is committed before the parts are removed; a crash in between leaves parts
+    that recovery recognises as merged: it removes them and leaves the complete file as it is
+    (a second merge would stamp it incomplete, or double its rows)."""
+    import storage.tables as tables
+
+    schema = pa.schema([pa.field("t", pa.float64(), nullable=False)])
+    final = tmp_path / "data.parquet"
+    writer = PartedTableWriter(final, schema, {"who": "test"})
+    for i in range(3):
+        writer.append({"t": float(i)})
+        writer.flush()
+    remove = tables._remove_parts
+
+    def crash(path: Path) -> None:
+        raise KeyboardInterrupt("killed after the rename")
+
+    monkeypatch.setattr(tables, "_remove_parts", crash)
+    with pytest.raises(KeyboardInterrupt):
+        writer.finalize(complete=True)
+    monkeypatch.setattr(tables, "_remove_parts", remove)
+    assert final.is_file() and len(list(final.with_name("data.parquet.parts").glob("part-*"))) == 3
+    committed = final.read_bytes()
+    for expected in (final, None):  # idempotent: a second recovery finds nothing to do
+        assert recover_parts(final) == expected
+        assert final.read_bytes() == committed
+        assert not final.with_name("data.parquet.parts").exists()
+    assert read_meta(final)["complete"] is True
+    assert pq.read_table(final).column("t").to_pylist() == [0.0, 1.0, 2.0]
 
 
 def test_headline_figures_are_picked_from_the_stage_metrics_and_ordered() -> None:

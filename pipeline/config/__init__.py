@@ -16,6 +16,7 @@ name says otherwise. Unknown keys are rejected so typos fail before anything run
 from pipeline.config.base import CapPair, Fraction, NonNegative, Positive, StrictModel
 from pipeline.config.learned import ContactModelConfig, CurriculumConfig, LearnConfig, PretrainConfig
 from pipeline.config.loading import (
+    ROBOT_FIELD,
     LoadedConfigs,
     apply_overrides,
     config_hash,
@@ -73,6 +74,7 @@ from pipeline.config.twin import (
 )
 
 __all__ = [
+    "ROBOT_FIELD",
     "ActuatedCableConfig",
     "AttachConfig",
     "AttachmentConfig",

@@ -60,6 +60,10 @@ def config_hash(config: BaseModel) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+ROBOT_FIELD = "robot"
+"""The name that stands for the robot config (its hash) among pipeline fields (:meth:`LoadedConfigs.fields`)."""
+
+
 class LoadedConfigs(StrictModel):
     """A pipeline config together with the robot and hardware configs it names."""
 
@@ -67,6 +71,25 @@ class LoadedConfigs(StrictModel):
     robot: RobotConfig
     twin: TwinConfig
     pipeline_path: Path
+
+    def fields(self, names: tuple[str, ...]) -> dict[str, object]:
+        """The pipeline config's fields ``names`` as JSON, each a section or a dotted field
+        (``gaits.search.dt_s``), and :data:`ROBOT_FIELD` as the robot config's hash. The twin's
+        config is never among them: a stage names the file (``hardware_config``), not its content."""
+        out: dict[str, object] = {}
+        for name in names:
+            if name == ROBOT_FIELD:
+                out[name] = config_hash(self.robot)
+                continue
+            value: object = self.pipeline
+            for part in name.split("."):
+                value = getattr(value, part)
+            out[name] = (
+                value.model_dump(mode="json")
+                if isinstance(value, BaseModel)
+                else json.loads(json.dumps(value, default=str))
+            )
+        return out
 
 
 def load_all(pipeline_path: str | Path, overrides: dict[str, object] | None = None) -> LoadedConfigs:
