@@ -7,8 +7,10 @@ without a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -43,7 +45,11 @@ def parse_overrides(items: list[str] | None) -> dict[str, object]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected key.path=value")
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            problem = " ".join(str(exc).split())
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
     return out
 
 
@@ -64,11 +70,16 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
     return wrapper
 
 
-def _load(config: Path, overrides: dict[str, object]) -> LoadedConfigs:
+def _load(config: Path, overrides: dict[str, object], create: bool = True) -> LoadedConfigs:
+    """The configs, with the process environment set for them (:mod:`flows.environment`) and,
+    unless ``create`` is false, the runs folder created."""
     configs = load_all(config, overrides)
     from flows.environment import configure_environment
 
-    configure_environment(RunLayout.of(configs))
+    layout = RunLayout.of(configs)
+    configure_environment(layout)
+    if create:
+        layout.runs_dir.mkdir(parents=True, exist_ok=True)
     return configs
 
 
@@ -178,14 +189,18 @@ def compare(
     config: ConfigOption = DEFAULT_CONFIG,
 ) -> None:
     """Print the campaign's iterations side by side: the headline figures of their MLflow runs."""
-    configs = _load(config, {} if campaign_name is None else {"campaign": campaign_name})
-    from storage.tracking import HEADLINE_PREFIX, ITERATION_TAG, client_for, tracking_uri
+    configs = _load(config, {} if campaign_name is None else {"campaign": campaign_name}, create=False)
+    from storage.tracking import HEADLINE_PREFIX, ITERATION_TAG, client_for, is_server_uri, tracking_uri
 
     layout = RunLayout.of(configs)
+    uri = tracking_uri(layout)
+    no_runs = f"campaign '{configs.pipeline.campaign}' has no runs"
+    if not is_server_uri(uri) and not layout.mlflow_db.is_file():  # opening it would create it
+        raise DataError(f"{layout.mlflow_db}: {no_runs} (no MLflow database there)")
     client = client_for(layout)
     experiment = client.get_experiment_by_name(configs.pipeline.campaign)
     if experiment is None:
-        raise DataError(f"{tracking_uri(layout)}: no MLflow experiment for campaign '{configs.pipeline.campaign}'")
+        raise DataError(f"{uri}: {no_runs}")
     rows = {
         int(run.data.tags[ITERATION_TAG]): {k: v for k, v in run.data.metrics.items() if k.startswith(HEADLINE_PREFIX)}
         for run in client.search_runs([experiment.experiment_id])
@@ -239,19 +254,25 @@ def import_tribar(
         str,
         typer.Option(help="What config.json's cam_extr maps: camera_to_world or world_to_camera (see README)."),
     ] = "camera_to_world",
+    min_share: Annotated[
+        float,
+        typer.Option("--min-share", help="Refuse the import when fewer than this share of the frames are usable."),
+    ] = 0.9,
     set_: SetOption = None,
 ) -> None:
     """Import a real recording (Tribar layout) as iteration K's collect stage, then print the report."""
     overrides = parse_overrides(set_)
     if extrinsics not in ("camera_to_world", "world_to_camera"):
         raise ConfigError(f"--extrinsics {extrinsics!r}: expected camera_to_world or world_to_camera")
+    if not 0.0 <= min_share <= 1.0:
+        raise ConfigError(f"--min-share {min_share}: expected a share between 0 and 1")
     if campaign is not None:
         overrides["campaign"] = campaign
     configs = _load(config, overrides)
     from storage.tribar import Extrinsics
     from tasks.import_recording import run_import
 
-    ref, summary = run_import(configs, iteration, src, Extrinsics(extrinsics))
+    ref, summary = run_import(configs, iteration, src, Extrinsics(extrinsics), min_share)
     table = Table(title=f"import {src} -> {configs.pipeline.campaign} iteration {iteration}")
     table.add_column("field")
     table.add_column("value")
@@ -283,11 +304,33 @@ def ui(
     page = campaign_view_url(base, experiment.experiment_id) if experiment else base
     console.print(f"MLflow UI on {base}; campaign {configs.pipeline.campaign}: {page} (Ctrl-C to stop)", soft_wrap=True)
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    subprocess.run(
-        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        check=False,
-    )
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1"]
+    _serve_until_stopped([*command, "--port", str(port)], env)
+
+
+def _serve_until_stopped(command: list[str], env: dict[str, str]) -> None:
+    """Run ``command`` (a server) in a process group of its own until it exits, or until this
+    process gets Ctrl-C or SIGTERM: then the whole group (the server and its workers) is
+    stopped, so nothing is left holding the port."""
+    server = subprocess.Popen(command, env=env, start_new_session=True)
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        console.print("stopping the server")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
 
 
 def _prefect_command() -> str:

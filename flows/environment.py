@@ -9,13 +9,12 @@ from storage.layout import RunLayout
 
 
 def configure_environment(layout: RunLayout) -> None:
-    """Keep Prefect's home inside the runs folder and switch off telemetry.
+    """Keep Prefect's home inside the runs folder and switch off telemetry; creates nothing.
 
     Must run before ``prefect`` is imported: Prefect reads its settings at import.
     Values already set in the environment win, so tests and deployments can
     point elsewhere.
     """
-    layout.runs_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", str(Path(layout.prefect_home).resolve()))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # the first start in a new runs folder creates Prefect's database: 20 s (the default) is not enough here

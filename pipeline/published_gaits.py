@@ -8,8 +8,11 @@ counter-clockwise gait keeps its face.
 
 from __future__ import annotations
 
+from typing import get_args
+
 import numpy as np
 
+from pipeline.config.stages import CollectPolicyName
 from pipeline.robot_model import REST_TARGET, shift_left, shift_right
 
 ROLLING_UNIT = np.array([[1, 1, 0.1, 1, 1, 0.1], [0, 1, 1, 0, 1, 0.1]])
@@ -36,7 +39,7 @@ def published_gait(name: str) -> np.ndarray:
     raise KeyError(name)
 
 
-PUBLISHED_GAITS = ("rolling", "cw", "ccw")
+PUBLISHED_GAITS: tuple[str, ...] = tuple(name for name in get_args(CollectPolicyName) if name != "random")
 
 
 PUBLISHED_CYCLES = {

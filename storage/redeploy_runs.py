@@ -28,10 +28,10 @@ RUN_FIELDS = (
     "redeploy.segment_timeout_s",
     "collect.record_frames",
     "hardware_backend",
-    "hardware_config",
     ROBOT_FIELD,
 )
-"""The config fields besides its policy and start pose that a run's recording depends on."""
+"""The config fields besides its policy and start pose that a run's recording depends on (not the
+hardware's own config file, as for the collect stage: :data:`tasks.collect.KEY_FIELDS`)."""
 
 
 @dataclass(frozen=True)

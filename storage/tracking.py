@@ -90,7 +90,6 @@ def tracking_uri(layout: RunLayout) -> str:
     override = os.environ.get(TRACKING_URI_ENV, "").strip()
     if override:
         return override
-    layout.runs_dir.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{layout.mlflow_db.resolve()}"
 
 
@@ -100,6 +99,8 @@ def is_server_uri(uri: str) -> bool:
 
 
 def client_for(layout: RunLayout) -> MlflowClient:
+    """A client of the campaign's tracking store (the local database is created, with its folder, if new)."""
+    layout.runs_dir.mkdir(parents=True, exist_ok=True)
     return MlflowClient(tracking_uri=tracking_uri(layout))
 
 

@@ -138,6 +138,10 @@ non-finite or out-of-[0, 1] target, a colour image that cannot be decoded or is 
 _NUMBER = re.compile(r"^[0-9]+$")
 
 
+DEFAULT_MIN_IMPORTED_SHARE = 0.9
+"""An import is refused when fewer than this share of its frames are usable."""
+
+
 class Extrinsics(StrEnum):
     """What the 4 x 4 ``cam_extr`` of ``config.json`` maps (see the module docstring)."""
 
@@ -432,6 +436,7 @@ def import_tribar(
     policy_id: str,
     robot_config_hash: str,
     extrinsics: Extrinsics = Extrinsics.CAMERA_TO_WORLD,
+    min_imported_share: float = DEFAULT_MIN_IMPORTED_SHARE,
 ) -> ImportReport:
     """Convert a Tribar recording folder into ``dest_folder/{hardware,frames}.parquet``.
 
@@ -439,8 +444,9 @@ def import_tribar(
     row per kept frame: ``t`` (s), ``segment``, ``target_0..5``, ``control_0..5``
     when recorded, ``cable_0..8`` (m), ``imu{r}_qw..qz``); ``frames.parquet`` holds
     the kept frames with the camera of ``config.json``. Bad ``config.json`` or a
-    recording with fewer than two usable frames raise :class:`DataError` (nothing
-    is written); unusable frames are skipped, counted and logged (module docstring).
+    recording with fewer than two usable frames, or fewer than ``min_imported_share`` of its
+    frames usable, raise :class:`DataError` (nothing is written); unusable frames are
+    skipped, counted and logged (module docstring).
     Existing output files are never overwritten (:class:`DataError`).
     """
     src_dir = Path(src_dir)
@@ -517,6 +523,13 @@ def import_tribar(
         raise DataError(
             f"{src_dir}: {len(samples)} usable frame(s) spanning {times[-1] if times else 0:.3f} s; an import needs "
             f"at least two at different times (frames found: {len(numbers)}, skipped: {report.skipped or 'none'})"
+        )
+    if len(samples) < min_imported_share * len(numbers):
+        shutil.rmtree(parts_dir(frames_path), ignore_errors=True)
+        raise DataError(
+            f"{src_dir}: {len(samples)} of {len(numbers)} frames usable ({100 * len(samples) / len(numbers):.0f} %), "
+            f"fewer than the {100 * min_imported_share:.0f} % an import requires (--min-share); skipped: "
+            f"{', '.join(f'{count} {reason}' for reason, count in report.skipped.items())}"
         )
     report.n_imported = len(samples)
     report.start_time_s = samples[0].secs

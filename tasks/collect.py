@@ -50,12 +50,12 @@ KEY_FIELDS = (
     "collect.record_frames",
     "collect.later_iterations",
     "hardware_backend",
-    "hardware_config",
     ROBOT_FIELD,
 )
 """The config fields a collection depends on: all of ``collect`` but how often it is flushed to
-disk, the hardware it runs on (the backend and its config file, not that file's content) and the
-robot config."""
+disk, the kind of hardware it runs on and the robot config. Not the hardware's own config file
+(``hardware_config``): that is the robot itself, which, like a real one, may change without
+making its recordings stale (record anew with ``--recollect``)."""
 CONFIG_KEY = "config_sha256"
 """Summary key: the sha256 of :data:`KEY_FIELDS` the collection was recorded under."""
 SOURCE_KEY = "redeploy_manifest_sha256"

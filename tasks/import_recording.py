@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,13 @@ from pipeline.config import LoadedConfigs, config_hash
 from pipeline.errors import DataError
 from storage.layout import Ref, RunLayout, complete_stage_ref, set_aside, write_manifest
 from storage.recording import write_first_frame_plot, write_policy_json
-from storage.tribar import Extrinsics, import_tribar, read_tribar_config, source_digest
+from storage.tribar import (
+    DEFAULT_MIN_IMPORTED_SHARE,
+    Extrinsics,
+    import_tribar,
+    read_tribar_config,
+    source_digest,
+)
 
 STAGE = "collect"
 """The stage whose output an import writes."""
@@ -37,17 +45,18 @@ def run_import(
     iteration: int,
     src_dir: str | Path,
     extrinsics: Extrinsics = Extrinsics.CAMERA_TO_WORLD,
+    min_imported_share: float = DEFAULT_MIN_IMPORTED_SHARE,
 ) -> tuple[Ref, dict[str, object]]:
     """Import ``src_dir`` into ``runs/<campaign>/iter_<iteration>/collect/``.
 
     The policy id is :func:`import_policy_name` plus the first 8 hex digits of
     :func:`storage.tribar.source_digest`; ``policy.json`` holds the distinct
     consecutive target vectors. Refuses (:class:`DataError`) to replace a complete
-    collect stage; an incomplete one is set aside, as ``run_collect`` does. Bad
-    ``config.json`` fails before anything is written. If the import fails later the
-    stage manifest is written with ``complete: false`` and the error propagates.
-    Returns the stage ref and the import summary (:meth:`ImportReport.summary` plus
-    ``policy_id``).
+    collect stage. The import is written to a temporary folder and moved into place once
+    complete: an import that fails (bad ``config.json``, fewer than ``min_imported_share`` of
+    the frames usable, a fault) leaves nothing behind; an incomplete stage output found in
+    its place is then kept aside, as ``run_collect`` does. Returns the stage ref and the
+    import summary (:meth:`ImportReport.summary` plus ``policy_id``).
     """
     src_dir = Path(src_dir)
     layout = RunLayout.of(configs)
@@ -60,11 +69,10 @@ def run_import(
     read_tribar_config(src_dir, extrinsics)
     name = import_policy_name(src_dir)
     policy_id = f"{name}-{source_digest(src_dir)[:8]}"
-    if stage_dir.exists():
-        set_aside(layout, stage_dir, "incomplete")
-    folder = stage_dir / policy_id
-    folder.mkdir(parents=True)
+    stage_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{STAGE}-import-", dir=stage_dir.parent))
     try:
+        folder = work / policy_id
         report = import_tribar(
             src_dir,
             folder,
@@ -73,14 +81,18 @@ def run_import(
             policy_id=policy_id,
             robot_config_hash=config_hash(configs.robot),
             extrinsics=extrinsics,
+            min_imported_share=min_imported_share,
         )
-    except BaseException as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        write_manifest(stage_dir, STAGE, complete=False, summary={"policy_id": policy_id, "error": error})
+        write_policy_json(folder, name, policy_id, np.array(report.targets))
+        write_first_frame_plot(work, folder)
+        summary: dict[str, object] = {"policy_id": policy_id, **report.summary()}
+        written = write_manifest(work, STAGE, complete=True, summary=summary)
+        if stage_dir.exists():
+            set_aside(layout, stage_dir, "incomplete")
+        work.rename(stage_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
         raise
-    write_policy_json(folder, name, policy_id, np.array(report.targets))
-    write_first_frame_plot(stage_dir, folder)
-    summary: dict[str, object] = {"policy_id": policy_id, **report.summary()}
-    ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
+    ref = Ref(path=str(stage_dir), sha256=written.sha256)
     log.info("imported %s as %s", src_dir, ref.path)
     return ref, summary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -115,6 +116,21 @@ def test_ui_serves_mlflow_on_loopback(tmp_path: Path) -> None:
                 time.sleep(0.5)
         assert status == 200
         assert (tmp_path / "runs" / "mlflow.db").exists()
+        server.send_signal(signal.SIGTERM)  # to r2s2r alone, as a service manager would
+        assert server.wait(timeout=30) == 0
+        # the MLflow server and its workers went with it: the port is free again
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=30)
+
+
+def test_compare_of_a_campaign_without_runs_says_so_and_creates_nothing(tmp_path: Path) -> None:
+    config = write_test_pipeline(tmp_path, campaign="empty")
+    result = _r2s2r("compare", "nosuch", "--config", str(config))
+    message = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "campaign 'nosuch' has no runs" in message and "Traceback" not in message
+    assert not (tmp_path / "runs").exists()

@@ -71,7 +71,8 @@ READERS: dict[str, frozenset[str]] = {
     "campaign": EVERY_STAGE,  # identity: every key holds it
     "runs_dir": EVERY_STAGE,
     "hardware_backend": frozenset({"collect", "sysid", "redeploy", "evaluate"}),  # sysid, evaluate: the truth
-    "hardware_config": frozenset({"collect", "sysid", "redeploy", "evaluate"}),
+    "hardware_config": frozenset({"sysid", "evaluate"}),  # their figures against the truth; the hardware
+    # stages record the robot the file describes, which may change like a real one (tasks.collect.KEY_FIELDS)
     "collect": frozenset({"collect"}),
     "collect.record_frames": frozenset({"collect", "redeploy"}),
     "collect.segment_timeout_s": frozenset({"collect", "sysid", "learn"}),

@@ -241,6 +241,25 @@ def test_run_import_writes_a_collect_stage_and_never_overwrites(rec: Recording, 
     assert again == ref
 
 
+def test_an_import_with_too_few_usable_frames_is_refused_and_writes_nothing(rec: Recording, tmp_path: Path) -> None:
+    """Most frames unusable (truncated PNGs): refused with how many were skipped and why, exit
+    status 2, and nothing under the runs folder; a lower ``--min-share`` takes what there is."""
+    src = rec.copy(tmp_path / "src")
+    for png in sorted((src / "color").glob("*.png"))[: rec.n_frames // 2]:
+        png.write_bytes(png.read_bytes()[:100])
+    runs = rec.configs.pipeline.runs_dir / "fewframes"
+    args = ("import-tribar", str(src), "--config", str(rec.config_path), "--campaign", "fewframes")
+    code, _, err = _r2s2r(*args)
+    usable = rec.n_frames - rec.n_frames // 2
+    assert code == 2 and "Traceback" not in err
+    assert f"{usable} of {rec.n_frames} frames usable" in err and f"{rec.n_frames // 2} unreadable_color" in err
+    assert not [p for p in runs.rglob("*") if p.is_file()]
+    code, _, err = _r2s2r(*args, "--min-share", "0.4")
+    assert code == 0, err
+    manifest = json.loads((runs / "iter_1" / "collect" / "manifest.json").read_text())
+    assert manifest["summary"]["n_frames"] == usable
+
+
 def _r2s2r(*args: str) -> tuple[int, str, str]:
     """Run the CLI in-process: exit code, stdout, and stderr with line wrapping undone."""
     result = CliRunner().invoke(app, list(args))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import TypeVar
 
@@ -115,9 +116,24 @@ def load_all(pipeline_path: str | Path, overrides: dict[str, object] | None = No
             "hardware_config": resolve(pipeline.hardware_config),
         }
     )
+    _check_runs_dir(pipeline_path, pipeline.runs_dir)
+    for field in ("robot_config", "hardware_config"):
+        if not getattr(pipeline, field).is_file():
+            raise ConfigError(f"{pipeline_path}: field '{field}': {getattr(pipeline, field)} is not a file")
     robot = load_yaml(pipeline.robot_config, RobotConfig)
     twin = load_yaml(pipeline.hardware_config, TwinConfig)
     return LoadedConfigs(pipeline=pipeline, robot=robot, twin=twin, pipeline_path=pipeline_path)
+
+
+def _check_runs_dir(source: Path, runs_dir: Path) -> None:
+    """Refuse a ``runs_dir`` that cannot be a writable folder (before anything is written)."""
+    existing = runs_dir
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{source}: field 'runs_dir': {runs_dir} cannot be a folder ({existing} is a file)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{source}: field 'runs_dir': {runs_dir} is not writable ({existing})")
 
 
 def apply_overrides(config: S, overrides: dict[str, object], source: Path) -> S:

@@ -21,8 +21,12 @@ class RandomPolicyConfig(StrictModel):
     seed: int
 
 
+CollectPolicyName = Literal["random", "rolling", "cw", "ccw"]
+"""'random' or a published Tribar gait (:mod:`pipeline.published_gaits`)."""
+
+
 class CollectConfig(StrictModel):
-    policy: str = Field(description="'random' or the name of a published gait.")
+    policy: CollectPolicyName = Field(description="'random' or the name of a published gait.")
     gait_cycles: Annotated[int, Field(ge=1)] = 1
     random: RandomPolicyConfig
     segment_timeout_s: Positive
@@ -210,7 +214,9 @@ class EngineConfig(StrictModel):
 
 
 class PipelineConfig(StrictModel):
-    campaign: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
+    campaign: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")] = Field(
+        description="The campaign's folder under runs_dir: letters, digits, '_', '.', '-', not starting with '.'."
+    )
     runs_dir: Path
     robot_config: Path
     hardware_backend: Literal["twin"]
