@@ -525,11 +525,12 @@ def test_replay_scores_the_true_engine_better(engine, slow_motor_data, default_c
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "collect_seed",
+    ("twin_config", "collect_seed"),
     [
-        0,
-        1,
+        ("twin.yaml", 0),
+        ("twin.yaml", 1),
         pytest.param(
+            "twin.yaml",
             2,
             marks=pytest.mark.xfail(
                 strict=True,
@@ -538,16 +539,19 @@ def test_replay_scores_the_true_engine_better(engine, slow_motor_data, default_c
                 "(docs/sysid.md)",
             ),
         ),
+        ("twin-heldout.yaml", 0),
+        ("twin-heldout.yaml", 1),
     ],
 )
 def test_sysid_on_the_twin_closes_most_of_the_gap_that_the_twins_own_values_close(
-    tmp_path, default_configs, collect_seed
+    tmp_path, default_configs, twin_config, collect_seed
 ) -> None:
     """The twin criterion, measured against the twin's own values rather than as a fixed share (a
     fixed 50 % on one trajectory is out of reach even for a perfect model: the mean over a dozen
     held-out key frames is decided by the few where one model tips a rod over and the other does
     not, docs/sysid.md): one tracked random-policy trajectory per collect seed through the flow
-    with the main job's sysid settings; of the gap between the robot config's values and the
+    with the main job's sysid settings, on two twins whose hidden values lie on either side of the
+    robot config's priors; of the gap between the robot config's values and the
     twin's own values in the engine, the identified values close at least 80 %. Each error is the
     nudge-smoothed held-out mean (:func:`pipeline.sysid.heldout.smoothed_held_out_error`); a stage
     that identified nothing would close none of it."""
@@ -560,7 +564,7 @@ def test_sysid_on_the_twin_closes_most_of_the_gap_that_the_twins_own_values_clos
     from tasks.sysid import sysid_data
     from tests.conftest import write_test_pipeline
 
-    config = write_test_pipeline(tmp_path, campaign="twingap", n_targets=40)
+    config = write_test_pipeline(tmp_path, campaign="twingap", n_targets=40, twin=twin_config)
     overrides = {f"sysid.{k}": v for k, v in default_configs.pipeline.sysid.model_dump(mode="json").items()}
     overrides["collect.random.seed"] = collect_seed
     stages = ["collect", "track", "attach", "sysid"]
