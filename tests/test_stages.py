@@ -94,6 +94,7 @@ NO_OUTPUT = {
     "redeploy.concurrent_runs": "whether the runs are submitted at once; each run records alone",
     "runner": "where the tasks run, not what they compute",
     "engine.compiled": "the compiled step equals the eager one (test_engine checks it)",
+    "follow": "trajectory following is no stage yet (docs/follow.md)",
 }
 """Fields that change no stage's output, and why."""
 

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from pipeline.config.base import Fraction, Positive, StrictModel
+from pipeline.config.follow import FollowConfig
 from pipeline.config.learned import LearnConfig
 from pipeline.config.sysid import SysidConfig
 
@@ -230,6 +231,7 @@ class PipelineConfig(StrictModel):
     redeploy: RedeployConfig = RedeployConfig()
     runner: RunnerConfig = RunnerConfig()
     engine: EngineConfig = EngineConfig()
+    follow: FollowConfig = FollowConfig()
 
     @field_validator("runs_dir", "robot_config", "hardware_config")
     @classmethod
