@@ -1,7 +1,7 @@
 """The ``r2s2r_iteration`` flow: one R2S2R iteration, the stage table run in order.
 
-Stages (:mod:`flows.stages`): ``collect`` -> ``track`` -> ``attach`` -> ``sysid`` -> ``gaits``
--> ``redeploy`` -> ``evaluate``. Iteration k > 1 collects iteration k - 1's redeploy runs,
+Stages (:mod:`flows.stages`): ``collect`` -> ``track`` -> ``attach`` -> ``sysid`` -> ``learn``
+-> ``gaits`` -> ``actions`` -> ``redeploy`` -> ``evaluate``. Iteration k > 1 collects iteration k - 1's redeploy runs,
 reuses iteration 1's attachment overlay (unless ``attach.every_iteration``) and identifies from
 the trajectories of every iteration so far (or the last ``sysid.data.window``). The flow owns
 the iteration's MLflow run (one per iteration, reused on re-invocation) and hands its id to the

@@ -25,6 +25,7 @@ from flows.caching import is_cached, stage_cache_key
 from pipeline.config import ROBOT_FIELD, LoadedConfigs
 from storage.layout import Ref, RunLayout, existing_ref
 from tasks import collect, gaits, redeploy
+from tasks.actions import actions
 from tasks.attach import attach
 from tasks.evaluate import evaluate
 from tasks.learn import learn
@@ -224,6 +225,13 @@ TABLE: tuple[Stage, ...] = (
         sections=("gaits", "redeploy.segment_timeout_s", "engine.contact", ROBOT_FIELD),
         fan_out=_gait_shards,
         optional_inputs=lambda configs: ("learn",) if configs.pipeline.engine.contact == "learned" else (),
+    ),
+    Stage(
+        "actions",
+        actions,
+        inputs=("attach", "sysid", "gaits"),
+        version="1",
+        sections=("follow.table", "redeploy.segment_timeout_s", "gaits.search.dt_s", ROBOT_FIELD),
     ),
     Stage(
         "redeploy",

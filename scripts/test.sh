@@ -8,4 +8,5 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export MUJOCO_GL=egl PREFECT_SERVER_ANALYTICS_ENABLED=false MLFLOW_DISABLE_TELEMETRY=true
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 exec .venv/bin/python -m pytest -p no:dash -n "${R2S2R_TEST_WORKERS:-2}" "$@"

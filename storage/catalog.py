@@ -18,6 +18,7 @@ redeploy   ``<policy>-start<k>/`` (collect's recording layout plus ``tracked.par
            :data:`RUNS_FILE`, :data:`REPEATABILITY_FILE` (:mod:`storage.redeploy_runs`)
 learn      :data:`CONTACT_MODEL_FILE`, :data:`TRAINING_FILE`, :data:`LEARN_FILE`
            (:mod:`storage.contact_model`)
+actions    :data:`ACTIONS_FILE` (:mod:`storage.action_table`)
 evaluate   :data:`GAP_FILE`, :data:`SUMMARY_FILE`
 =========  ==========================================================================
 """
@@ -73,6 +74,8 @@ GAITS_FILE = "gaits.json"
 """gaits: the gaits found, the published gaits' figures and the search figures."""
 POLICIES_FILE = "policies.json"
 """gaits: the expanded long policies the redeploy stage runs, by name."""
+ACTIONS_FILE = "actions.parquet"
+"""actions: the action table, one row per action, face and rolling direction."""
 GAIT_TABLE_FILE = "gaits.parquet"
 """gaits: one row per gait, found and published."""
 RUNS_FILE = "runs.json"
@@ -104,6 +107,12 @@ def attached_robot(configs: LoadedConfigs, attach_ref: Ref) -> RobotConfig:
 def identified_robot(configs: LoadedConfigs, attach_ref: Ref, sysid_ref: Ref) -> RobotConfig:
     """The robot config with the attach stage's and the sysid stage's overlays."""
     return _with_overlay(attached_robot(configs, attach_ref), Path(sysid_ref.path) / SYSID_OVERLAY_FILE)
+
+
+def read_found_gaits(gaits_ref: Ref) -> dict[str, np.ndarray]:
+    """The gaits the search found (``gaits.json``), by objective: targets (n, 6) from face 0."""
+    found = json.loads((Path(gaits_ref.path) / GAITS_FILE).read_text())["found"]
+    return {name: np.asarray(gait["targets"], float) for name, gait in found.items()}
 
 
 def read_policies(gaits_ref: Ref) -> dict[str, dict]:

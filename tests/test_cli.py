@@ -12,7 +12,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 import yaml
 
 from .conftest import DEFAULT_PIPELINE, REPO, write_test_pipeline
@@ -28,11 +27,36 @@ def _r2s2r(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("command", ["collect", "iterate", "rerun", "campaign", "status", "deploy", "ui"])
-def test_help(command: str) -> None:
-    result = _r2s2r(command, "--help")
-    assert result.returncode == 0
-    assert "--config" in result.stdout
+def test_collect_iterate_campaign_and_status_run_a_tiny_campaign(tmp_path: Path) -> None:
+    """Each command's real path, in the order a user meets them (``rerun``, ``compare``, ``ui``,
+    ``deploy`` and ``import-tribar`` have tests of their own): ``collect`` records, ``iterate``
+    runs the other stages on that recording, ``campaign -n 1`` finds everything cached, and
+    ``status`` says so."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from flows.stages import stage_names
+    from storage.layout import RunLayout, complete_stage_ref
+
+    config = str(write_test_pipeline(tmp_path, campaign="tiny", n_targets=2))
+    layout = RunLayout(tmp_path / "runs", "tiny")
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(app, [*args, "--config", config], env={"COLUMNS": "250"})
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    run("collect")
+    recorded = complete_stage_ref(layout.stage_dir(1, "collect"))
+    assert recorded is not None and [p.name for p in layout.iteration_dir(1).iterdir()] == ["collect"]
+    out = run("iterate", "-k", "1")
+    rows = {line.split("│")[1].strip(): line.split("│")[3].strip() for line in out.splitlines() if "│" in line}
+    assert rows == {"collect": "yes", **dict.fromkeys(stage_names()[1:], "no")}  # stage -> cached
+    assert complete_stage_ref(layout.stage_dir(1, "collect")) == recorded
+    assert "headline/gap_after_m" in run("campaign", "-n", "1")
+    out = run("status")
+    states = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if "│" in line}
+    assert states == dict.fromkeys(stage_names(), "cached")
 
 
 def test_bad_config_is_reported_without_traceback(tmp_path: Path) -> None:

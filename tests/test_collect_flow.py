@@ -69,6 +69,7 @@ def test_run_collect_writes_the_contract(test_pipeline: Path) -> None:
 
     again, _ = run_collect(configs, iteration=1, show_progress=False)
     assert again == ref  # complete data are never overwritten
+    n_sensor = summary["n_sensor_samples"]
     assert not needs_hardware(configs, 1) and not needs_hardware(
         load_all(test_pipeline, {"collect.checkpoint_every_s": 9}), 1
     )
@@ -79,7 +80,7 @@ def test_run_collect_writes_the_contract(test_pipeline: Path) -> None:
     other, other_summary = run_collect(more, iteration=1, show_progress=False)
     assert other_summary["n_targets"] > summary["n_targets"] and other.sha256 != ref.sha256
     kept = list((RunLayout.of(configs).set_aside_dir / "iter_1").glob("collect.replaced-*"))
-    assert len(kept) == 1 and (kept[0] / summary["policy_id"] / HARDWARE_FILE).is_file()
+    assert len(kept) == 1 and len(read_trajectory(kept[0] / summary["policy_id"] / HARDWARE_FILE)[0]) == n_sensor
     assert not needs_hardware(more, 1)
 
 
@@ -185,8 +186,9 @@ def test_a_later_collect_follows_the_redeploy_runs_it_copies(tmp_path: Path, twi
     source = read_trajectory(redeploy_dir / "straight-start0" / HARDWARE_FILE)[0]
     assert copied.equals(source)
     random_folder = Path(second.path) / str(summary["policy_id"])
-    assert (random_folder / HARDWARE_FILE).is_file()
-    assert len(list((layout.set_aside_dir / "iter_2").glob("collect.replaced-*"))) == 1
+    [replaced] = (layout.set_aside_dir / "iter_2").glob("collect.replaced-*")
+    for name in (HARDWARE_FILE, GROUNDTRUTH_FILE):  # carried over as it was recorded, not run again
+        assert (random_folder / name).read_bytes() == (replaced / random_policy_id / name).read_bytes()
     read_manifest(second)  # every file listed and unchanged
 
 
@@ -262,6 +264,13 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert run.data.metrics["collect/duration_s"] > 1.0
     artifacts = {a.path for a in client.list_artifacts(stage_run("collect"))}
     assert artifacts == {"top_view.png", "first_frame.png"}
+    from mlflow.artifacts import download_artifacts
+
+    logged = Path(
+        download_artifacts(run_id=stage_run("collect"), artifact_path="top_view.png", tracking_uri=client.tracking_uri)
+    )
+    plot = Path(first["stages"]["collect"]["ref"]["path"]) / "plots" / "top_view.png"
+    assert logged.read_bytes() == plot.read_bytes() and plot.read_bytes().startswith(b"\x89PNG")
     assert client.get_run(stage_run("collect")).data.params["collect.policy"] == "random"  # its config section
     assert "prefect.flow_run_id" in run.data.tags
     assert run.data.tags["r2s2r.env.mujoco"] == version("mujoco")
@@ -269,15 +278,16 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert run.data.tags["r2s2r.env.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
     # the later stages ran after collect, were cached the second time, and logged to the same run
-    for stage in ("track", "attach", "sysid", "learn", "gaits", "redeploy", "evaluate"):
+    for stage in ("track", "attach", "sysid", "learn", "gaits", "actions", "redeploy", "evaluate"):
         assert first["stages"][stage]["cached"] is False
         assert second["stages"][stage]["cached"] is True
     assert run.data.metrics["track/error_cap_error_mean_mm"] < 10.0  # 320 x 240 test camera
     assert run.data.metrics["track/error_identity_swaps"] == 0
-    assert "attach/phase_rad_0" in run.data.metrics
     assert {a.path for a in client.list_artifacts(stage_run("attach"))} >= {"attachment.png"}
     overlay = Path(first["stages"]["attach"]["ref"]["path"]) / "attachment.yaml"
-    assert robot_with_overlay(configs.robot, yaml.safe_load(overlay.read_text()), overlay).attachment
+    phases = robot_with_overlay(configs.robot, yaml.safe_load(overlay.read_text()), overlay).attachment.phase_rad
+    assert phases == pytest.approx([run.data.metrics[f"attach/phase_rad_{r}"] for r in range(3)])
+    assert phases != pytest.approx(configs.robot.attachment.phase_rad, abs=1e-3)  # the overlay moved them
     sysid_dir = Path(first["stages"]["sysid"]["ref"]["path"])
     identified = yaml.safe_load((sysid_dir / "identified.yaml").read_text())
     assert set(identified) == {"motor", "ground", "pid"} and set(identified["ground"]) == {"friction", "restitution"}
@@ -287,12 +297,13 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert history["loss"].notna().all()
     assert run.data.params["sysid.identified.motor_speed"] == f"{identified['motor']['speed']:.6g}"
     assert len(client.get_metric_history(stage_run("sysid"), "sysid/loss")) == len(methods)
-    assert "sysid/truth_error.friction" in run.data.metrics  # the twin: scored against its hidden truth
+    truth_error = identified["ground"]["friction"] - configs.twin.ground.friction_sliding  # the twin's hidden truth
+    assert run.data.metrics["sysid/truth_error.friction"] == pytest.approx(truth_error, abs=1e-6)
     low, high = run.data.metrics["sysid/profile_low.friction"], run.data.metrics["sysid/profile_high.friction"]
     assert low <= identified["ground"]["friction"] <= high
     assert "sysid/profile_low.motor_speed" not in run.data.metrics  # the search's range, dropped once shot
-    assert "sysid/holdout.after.key_frame_error_mm" in run.data.metrics
-    assert "sysid/holdout.after.key_frame_error_median_mm" in run.data.metrics  # the typical held-out gait
+    after_mm = run.data.metrics["sysid/holdout.after.key_frame_error_mm"]
+    assert 0 < run.data.metrics["sysid/holdout.after.key_frame_error_median_mm"] < 1000  # the typical held-out gait
     latency_ms = round(1000 * identified["pid"]["latency_s"])  # the grid's best at its best motor speed
     assert run.data.metrics[f"sysid/latency_loss.{latency_ms}ms"] == min(
         run.data.metrics[f"sysid/latency_loss.{round(1000 * s)}ms"] for s in configs.pipeline.sysid.latency.grid_s
@@ -300,21 +311,24 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert f"sysid/latency_motor_speed.{latency_ms}ms" in run.data.metrics
     truth_mm = run.data.metrics["sysid/holdout.truth.key_frame_error_mm"]  # the twin's own values, replayed
     before_mm = run.data.metrics["sysid/holdout.before.key_frame_error_mm"]
-    assert run.data.metrics["sysid/holdout.truth.key_frame_error_reduction_pct"] == pytest.approx(
-        100 * (1 - truth_mm / before_mm)
-    )
+    for key, mm in (
+        ("holdout.truth.key_frame_error_reduction_pct", truth_mm),
+        ("holdout.key_frame_error_reduction_pct", after_mm),
+    ):
+        assert run.data.metrics[f"sysid/{key}"] == pytest.approx(100 * (1 - mm / before_mm))
     assert {a.path for a in client.list_artifacts(stage_run("sysid"))} >= {
         "parameters.png",
         "identified.yaml",
         "history.parquet",
     }
+    for name in ("identified.yaml", "history.parquet"):  # the stage's files, as they are on disk
+        logged = download_artifacts(run_id=stage_run("sysid"), artifact_path=name, tracking_uri=client.tracking_uri)
+        assert Path(logged).read_bytes() == (sysid_dir / name).read_bytes(), name
     models = {m.name: m for m in client.search_logged_models([experiment.experiment_id])}
     assert set(models) == {"identified-robot", "learned-contact"}
     model = models["identified-robot"]  # the identified robot, loadable
     assert model.source_run_id == stage_run("sysid") and model.tags["r2s2r.robot_config_hash"]
     assert model.params["identified.motor_speed"] == f"{identified['motor']['speed']:.6g}"
-    from mlflow.artifacts import download_artifacts
-
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # as a user points MLflow at the runs
     model_dir = Path(download_artifacts(f"models:/{model.model_id}"))
     assert (model_dir / "identified.xml").read_bytes() == (sysid_dir / "identified.xml").read_bytes()
@@ -390,12 +404,12 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     changed = load_all(config, {"sysid.gradient.lr": 0.05})
     assert stage_status(changed, 1) == {
         **dict.fromkeys(("collect", "track", "attach"), "cached"),
-        **dict.fromkeys(("sysid", "learn", "gaits", "redeploy", "evaluate"), "stale"),
+        **dict.fromkeys(("sysid", "learn", "gaits", "actions", "redeploy", "evaluate"), "stale"),
     }
     # the learned contact's training is its own: gaits does not read it, evaluate does
     retrained = load_all(config, {"learn.fine_tune.epochs": [2]})
     assert stage_status(retrained, 1) == {
-        **dict.fromkeys(("collect", "track", "attach", "sysid", "gaits", "redeploy"), "cached"),
+        **dict.fromkeys(("collect", "track", "attach", "sysid", "gaits", "actions", "redeploy"), "cached"),
         **dict.fromkeys(("learn", "evaluate"), "stale"),
     }
     assert stage_status(configs, 2)["collect"] == "cached" and stage_status(configs, 2)["track"] == "missing"
@@ -454,7 +468,7 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert executions == [1] * 4 and tracking == []
     assert "needs the hardware" in result.output
     assert stage_status(load_all(config, more_cycles), 1) == {
-        **dict.fromkeys(("collect", "track", "attach", "sysid", "learn", "gaits"), "cached"),
+        **dict.fromkeys(("collect", "track", "attach", "sysid", "learn", "gaits", "actions"), "cached"),
         **dict.fromkeys(("redeploy", "evaluate"), "stale"),
     }
     assert stage_status(configs, 1)["gaits"] == "stale"  # its folder now holds the two-cycle output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,16 +17,23 @@ ROBOT = REPO / "configs" / "robot" / "tribar.yaml"
 TWIN = REPO / "configs" / "hardware" / "twin.yaml"
 
 
-def test_shipped_configs_load() -> None:
-    robot = load_yaml(ROBOT, RobotConfig)
-    twin = load_yaml(TWIN, TwinConfig)
-    configs = load_all(DEFAULT_PIPELINE)
-    assert robot.rod.length_m == pytest.approx(0.325)
-    assert robot.topology.actuated[0] == (3, 5)
-    assert len(twin.sensors.cable_bias_m) == 9
-    assert configs.robot == robot
-    assert configs.pipeline.robot_config == ROBOT.resolve()
-    assert configs.pipeline.runs_dir.is_absolute()
+def test_relative_paths_resolve_against_the_pipeline_file_not_the_working_folder(tmp_path, monkeypatch) -> None:
+    """The shipped pipeline names its robot, twin and runs folder relative to itself: a copy in
+    another folder (with the configs beside it as in the repository) loads the copies, wherever
+    the process runs."""
+    copy = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", copy)
+    robot = yaml.safe_load((copy / "robot" / "tribar.yaml").read_text())
+    robot["rod"]["length_m"] = 0.4  # tells the copy from the original
+    (copy / "robot" / "tribar.yaml").write_text(yaml.safe_dump(robot))
+    monkeypatch.chdir(REPO)
+    configs = load_all(copy / "pipeline" / "default.yaml")
+    assert configs.robot.rod.length_m == 0.4
+    assert configs.pipeline.robot_config == copy / "robot" / "tribar.yaml"
+    assert configs.pipeline.hardware_config == copy / "hardware" / "twin.yaml"
+    assert configs.pipeline.runs_dir == tmp_path / "runs"
+    assert configs.twin == load_yaml(TWIN, TwinConfig)  # the twin copied unchanged
+    assert load_all(DEFAULT_PIPELINE).robot == load_yaml(ROBOT, RobotConfig)
 
 
 def _bad(tmp_path: Path, source: Path, edit) -> Path:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from pipeline.config.follow import FollowConfig
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, DataError
 from pipeline.follow.paths import arc, from_waypoints, line, triangle
 from pipeline.follow.planner import (
     FORWARD,
@@ -135,3 +136,24 @@ def test_the_action_table_rolls_forward_turns_both_ways_and_maps_faces(default_c
     ):
         np.testing.assert_allclose(values, values[:, :1].repeat(3, axis=1), atol=1e-6 + 3 * spread.max())
     assert tabulated.succeeded[roll].all()
+
+
+def test_the_action_table_file_reads_back_the_table_and_refuses_another(tmp_path) -> None:
+    import pandas as pd
+
+    from pipeline.follow.table import TabulatedActions
+    from storage.action_table import read_action_table, write_action_table
+    from storage.tables import write_table
+
+    table = synthetic_table(drift_m=0.003)
+    spread = np.full(table.forward_m.shape, 0.01)
+    path = tmp_path / "actions.parquet"
+    write_action_table(path, TabulatedActions(table, spread, spread, spread, np.ones(spread.shape, bool)), {})
+    back = read_action_table(path)
+    assert back.names == table.names
+    for name in ("forward_m", "lateral_m", "rotation_rad", "next_face"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(table, name))
+    other = tmp_path / "other.parquet"
+    write_table(other, pa.Table.from_pandas(pd.DataFrame({"action": ["x"], "face": [0]})), {})
+    with pytest.raises(DataError, match=r"other.parquet: an action table needs columns"):
+        read_action_table(other)

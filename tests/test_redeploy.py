@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from pipeline.config import load_all
 from pipeline.errors import HardwareError
@@ -33,12 +34,19 @@ from tasks.evaluate import gap_summary, run_evaluate, summary_markdown
 from tasks.redeploy import run_redeploy, set_aside_other_runs
 from tests.conftest import empty_overlays, small_twin, write_test_pipeline
 
+IDENTIFIED_FRICTION = 0.3
+"""The friction of the hand-made sysid output: "after" is another engine than "before"."""
+
 
 def _inputs(configs, iteration: int):
-    """Attach, sysid and gaits stage outputs by hand: no overlays (the robot config as it is) and
-    the published ccw turn as the turning policy."""
+    """Attach, sysid and gaits stage outputs by hand: no attachment overlay, a sysid overlay that
+    only sets the friction (:data:`IDENTIFIED_FRICTION`), and the published ccw turn as the
+    turning policy."""
     layout = RunLayout.of(configs)
     refs = empty_overlays(configs, iteration)
+    sysid = Path(refs["sysid"].path)
+    (sysid / "identified.yaml").write_text(yaml.safe_dump({"ground": {"friction": IDENTIFIED_FRICTION}}))
+    refs["sysid"] = write_manifest(sysid, "sysid", complete=True, summary={})
     folder = layout.stage_dir(iteration, "gaits")
     folder.mkdir(parents=True)
     turn = Policy("turning-ccw", np.vstack([published_gait("ccw"), REST_TARGET]))
@@ -92,9 +100,12 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     learned = gap[gap["engine"] == "learned"]
     np.testing.assert_allclose(learned["sim_forward_m"].to_numpy(), 0.0, atol=1e-9)
     assert (gap[gap["engine"] == "before"]["sim_forward_m"].abs() > 1e-3).any()
-    # no overlays: "before" and "after" are the same engine, so the same gap
+    # "after" replays with the identified friction, "before" with the config's: the same real runs,
+    # other simulated ones (a third of the friction lets the turning robot slide)
     before, after = (gap[gap["engine"] == e].sort_values("start") for e in ("before", "after"))
-    np.testing.assert_allclose(before["com_error_m"].to_numpy(), after["com_error_m"].to_numpy())
+    np.testing.assert_array_equal(before["real_rotation_deg"].to_numpy(), after["real_rotation_deg"].to_numpy())
+    sim_gap = np.abs(before["sim_rotation_deg"].to_numpy() - after["sim_rotation_deg"].to_numpy())
+    assert sim_gap.max() > 1.0, sim_gap  # measured 2.9, 2.7 and 0.1 deg over the three starts
     analytic = gap[gap["engine"] != "learned"]
     assert not analytic["sim_collapsed"].any() and not gap["real_collapsed"].any()  # the published turn stands
     assert gap_summary["gap.after.turning.sim_collapsed_runs"] == 0

@@ -38,7 +38,7 @@ DUMMY = Stage("dummy", dummy, inputs=("collect",), version="1", sections=("track
 
 def test_the_table_names_every_stage_once_in_flow_order(default_configs: LoadedConfigs) -> None:
     names = stage_table.stage_names()
-    assert names == ("collect", "track", "attach", "sysid", "learn", "gaits", "redeploy", "evaluate")
+    assert names == ("collect", "track", "attach", "sysid", "learn", "gaits", "actions", "redeploy", "evaluate")
     assert stage_table.hardware_stages() == ("collect", "redeploy")
     learned = default_configs.updated({"pipeline.engine.contact": "learned"})
     for configs in (default_configs, learned):  # every input runs before the stage that reads it
@@ -81,10 +81,11 @@ READERS: dict[str, frozenset[str]] = {
     "sysid": frozenset({"sysid"}),
     "learn": frozenset({"learn"}),
     "gaits": frozenset({"gaits"}),
-    "gaits.search.dt_s": frozenset({"gaits", "evaluate"}),  # evaluate replays at the search's step
+    "gaits.search.dt_s": frozenset({"gaits", "actions", "evaluate"}),  # they simulate at the search's step
     "redeploy": frozenset({"redeploy", "evaluate"}),
-    "redeploy.segment_timeout_s": frozenset({"gaits", "learn", "redeploy", "evaluate"}),
+    "redeploy.segment_timeout_s": frozenset({"gaits", "learn", "actions", "redeploy", "evaluate"}),
     "engine.contact": frozenset({"gaits"}),
+    "follow.table": frozenset({"actions"}),
 }
 """Which stages' outputs each pipeline config field changes (the most specific prefix applies),
 read off the code: ``tasks/<stage>.py`` and what it calls."""
@@ -94,7 +95,8 @@ NO_OUTPUT = {
     "redeploy.concurrent_runs": "whether the runs are submitted at once; each run records alone",
     "runner": "where the tasks run, not what they compute",
     "engine.compiled": "the compiled step equals the eager one (test_engine checks it)",
-    "follow": "trajectory following is no stage yet (docs/follow.md)",
+    "follow.planner": "the planner runs in no stage yet (docs/follow.md)",
+    "follow.end_radius_m": "the planner runs in no stage yet (docs/follow.md)",
 }
 """Fields that change no stage's output, and why."""
 

@@ -144,16 +144,22 @@ def test_frames_round_trip_and_validation(tmp_path: Path) -> None:
         list(iter_frames(no_camera))
 
 
-def test_atomic_write_leaves_no_partial_file(tmp_path: Path) -> None:
+def test_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch) -> None:
+    """A write that fails after its temporary file exists (the rename, here) leaves the old
+    content under the final name and no temporary file beside it."""
+    import storage.files
+
     target = tmp_path / "out.json"
     atomic_write_json(target, {"a": 1})
 
-    class Boom:
-        def __repr__(self) -> str:
-            raise RuntimeError("serialisation failed")
+    def failing_replace(src: object, dst: object) -> None:
+        assert Path(str(src)).is_file()  # the new content was written, under its temporary name
+        raise OSError("disk full")
 
-    with pytest.raises(TypeError):
-        atomic_write_json(target, {"a": Boom()})
+    monkeypatch.setattr(storage.files.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write_json(target, {"a": 2})
+    monkeypatch.undo()
     assert json.loads(target.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
     atomic_write_bytes(target, b"{}")

@@ -78,7 +78,8 @@ def test_shooting_moves_friction_toward_the_truth_and_lowers_its_cost(default_co
     losses = [s.loss for s in history]
     assert losses == sorted(losses, reverse=True)  # a step is taken only when it lowers the cost
     assert fit.data_cost / fit.residual_count < history[0].unfiltered_loss
-    assert abs(fit.identification.values["friction"] - TRUE_FRICTION) < 0.5 * abs(0.6 - TRUE_FRICTION)
+    # measured 0.503: within 0.03 of the truth, 30 % of the start's error (the data's noise)
+    assert abs(fit.identification.values["friction"] - TRUE_FRICTION) < 0.3 * abs(0.6 - TRUE_FRICTION)
 
 
 def test_a_window_whose_engine_run_diverges_is_dropped_and_the_rest_still_solve(
@@ -98,7 +99,8 @@ def test_a_window_whose_engine_run_diverges_is_dropped_and_the_rest_still_solve(
     history = fit.identification.history
     assert all(s.kept_fraction == pytest.approx((problem.windows - 1) / problem.windows) for s in history)
     assert all(np.isfinite(s.loss) for s in history) and np.isfinite(fit.data_cost)
-    assert abs(fit.identification.values["friction"] - TRUE_FRICTION) < 0.5 * abs(0.6 - TRUE_FRICTION)
+    # measured 0.481 with one window fewer: within 0.03 of the truth, as with every window
+    assert abs(fit.identification.values["friction"] - TRUE_FRICTION) < 0.3 * abs(0.6 - TRUE_FRICTION)
     # a step to a NaN cost (an overflowing rollout) is never taken
     z = torch.zeros(problem.windows, COORDINATES, dtype=torch.float64)
     nan_step = torch.full_like(z, float("nan"))

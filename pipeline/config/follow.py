@@ -39,9 +39,21 @@ class PlannerConfig(StrictModel):
     )
 
 
+class ActionTableConfig(StrictModel):
+    """How the ``actions`` stage simulates the action table (:mod:`pipeline.follow.table`)."""
+
+    ensemble_motor_speed: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=0.05, description="The ensemble's motor speeds lower and higher by this fraction (0: none)."
+    )
+    ensemble_friction: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=0.0, description="The ensemble's frictions lower and higher by this fraction (0: none)."
+    )
+
+
 class FollowConfig(StrictModel):
     """Trajectory following (``follow`` section; docs/follow.md)."""
 
+    table: ActionTableConfig = ActionTableConfig()
     planner: PlannerConfig = PlannerConfig()
     end_radius_m: Positive = Field(
         default=0.1, description="The path is done within this distance of its last waypoint."

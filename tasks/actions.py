@@ -1,0 +1,91 @@
+"""The ``actions`` stage: the action table that trajectory following plans with (seed 002).
+
+:func:`run_actions` simulates the Tribar paper's 51 actions (:func:`pipeline.follow.actions.paper_actions`)
+and every gait the gaits stage found (``gait_<objective>``) in the iteration's identified engine,
+from each bottom face, forward and in reverse, over a small ensemble of motor speeds and
+frictions (``follow.table``), and writes the table (``actions.parquet``,
+:mod:`storage.action_table`) with its summary: how many actions roll the robot, and the farthest
+and the most turning ones.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from prefect import task
+
+from pipeline.config import LoadedConfigs
+from pipeline.follow.actions import Action, paper_actions
+from pipeline.follow.planner import FORWARD
+from pipeline.follow.table import TabulatedActions, tabulate
+from pipeline.gaits.ensemble import ensemble_params
+from pipeline.physics.engine import Engine
+from pipeline.physics.model import RobotModel
+from pipeline.physics.params import Params
+from storage.action_table import write_action_table
+from storage.catalog import ACTIONS_FILE, identified_robot, read_found_gaits
+from storage.layout import Ref, RunLayout, write_manifest
+from storage.tracking import StageContext
+
+STAGE = "actions"
+
+
+def run_actions(
+    configs: LoadedConfigs, iteration: int, attach_ref: Ref, sysid_ref: Ref, gaits_ref: Ref
+) -> tuple[Ref, dict[str, object]]:
+    """Tabulate the actions in the identified engine and write the stage output; its ref and summary."""
+    robot = identified_robot(configs, attach_ref, sysid_ref)
+    engine = Engine(
+        RobotModel.from_robot(robot), dt=configs.pipeline.gaits.search.dt_s, compiled=configs.pipeline.engine.compiled
+    )
+    c = configs.pipeline.follow.table
+    ensemble = ensemble_params(Params.from_robot(robot), c.ensemble_motor_speed, c.ensemble_friction)
+    actions = paper_actions() + [Action(f"gait_{name}", t) for name, t in read_found_gaits(gaits_ref).items()]
+    tabulated = tabulate(engine, ensemble, robot, actions, configs.pipeline.redeploy.segment_timeout_s)
+    stage_dir = RunLayout.of(configs).stage_dir(iteration, STAGE)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    write_action_table(stage_dir / ACTIONS_FILE, tabulated, {"stage": STAGE, "ensemble": ensemble.batch_size})
+    summary = _summary(tabulated, ensemble.batch_size)
+    return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary
+
+
+def _summary(tabulated: TabulatedActions, members: int) -> dict[str, object]:
+    """Counts and the extremes of the actions rolling forward from face 0."""
+    table = tabulated.table
+    forward = table.forward_m[:, 0, FORWARD]
+    rotation = np.degrees(table.rotation_rad[:, 0, FORWARD])
+    rolls = table.next_face[:, 0, FORWARD] != 0
+    farthest, turning = int(np.argmax(forward)), int(np.argmax(np.abs(rotation)))
+    return {
+        "actions": len(table.names),
+        "ensemble": members,
+        "rolling_actions": int(rolls.sum()),
+        "succeeded_share": float(tabulated.succeeded.mean()),
+        "farthest_action": table.names[farthest],
+        "farthest_forward_m": float(forward[farthest]),
+        "most_turning_action": table.names[turning],
+        "most_turning_deg": float(rotation[turning]),
+        "mean_forward_std_m": float(tabulated.forward_std_m.mean()),
+        "mean_rotation_std_deg": math.degrees(float(tabulated.rotation_std_rad.mean())),
+    }
+
+
+@task(name=STAGE)
+def actions(
+    configs: LoadedConfigs,
+    iteration: int,
+    mlflow_run_id: str,
+    attach_ref: dict[str, str],
+    sysid_ref: dict[str, str],
+    gaits_ref: dict[str, str],
+) -> dict[str, str]:
+    """Prefect task: run :func:`run_actions`, log the summary and the table to MLflow."""
+    ref, summary = run_actions(
+        configs, iteration, Ref.from_json(attach_ref), Ref.from_json(sysid_ref), Ref.from_json(gaits_ref)
+    )
+    tags = {k: v for k, v in summary.items() if isinstance(v, str)}
+    with StageContext(configs, iteration, STAGE, mlflow_run_id) as context:
+        context.log(summary, [Path(ref.path) / ACTIONS_FILE], tags=tags)
+    return ref.to_json()
