@@ -1,12 +1,13 @@
 """The ``r2s2r_iteration`` flow: one R2S2R iteration, the stage table run in order.
 
 Stages (:mod:`flows.stages`): ``collect`` -> ``track`` -> ``attach`` -> ``sysid`` -> ``learn``
--> ``gaits`` -> ``actions`` -> ``redeploy`` -> ``evaluate``. Iteration k > 1 collects iteration k - 1's redeploy runs,
-reuses iteration 1's attachment overlay (unless ``attach.every_iteration``) and identifies from
-the trajectories of every iteration so far (or the last ``sysid.data.window``). The flow owns
-the iteration's MLflow run (one per iteration, reused on re-invocation) and hands its id to the
-stage tasks, which log through the client API. A stage that is not asked for but whose output a
-later stage needs is read from disk (its complete manifest), never recomputed.
+-> ``gaits`` -> ``actions`` -> ``redeploy`` -> ``evaluate``. Iteration k > 1 collects iteration
+k - 1's redeploy runs, reuses iteration 1's attachment overlay (unless
+``attach.every_iteration``) and identifies from the trajectories of every iteration so far (or
+the last ``sysid.data.window``). The flow owns the iteration's MLflow run (one per iteration,
+reused on re-invocation) and hands its id to the stage tasks, which log through the client API.
+A stage that is not asked for but whose output a later stage needs is read from disk (its
+complete manifest), never recomputed.
 
 The stages that drive the hardware run only when the flow is allowed to (``hardware``);
 ``refresh`` names stages recomputed even when their cache is valid (``r2s2r rerun``). The

@@ -13,6 +13,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from pipeline.config import LoadedConfigs
 from pipeline.errors import DataError
@@ -111,7 +112,7 @@ class StageState:
     ``corrupt`` (complete, but a file does not match its manifest: ``problem`` names it) or
     ``complete`` (``ref`` is its ref)."""
 
-    kind: str
+    kind: Literal["missing", "incomplete", "corrupt", "complete"]
     ref: Ref | None = None
     problem: str = ""
 

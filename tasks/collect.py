@@ -72,20 +72,21 @@ def run_collect(
 ) -> tuple[Ref, dict[str, float]]:
     """Execute the configured policy and write the stage output.
 
-    Writes ``<stage>/<policy_id>/{hardware,groundtruth,frames}.parquet``,
-    ``policy.json``, ``plots/*.png`` and the manifest. Iteration k > 1 collects iteration
-    k - 1's redeploy runs instead (copied, one folder each), and with
-    ``collect.later_iterations: redeploy_and_random`` a fresh random policy as well. If the stage already holds a
-    complete collection it is returned untouched (the hardware is not run), unless ``fresh``:
-    then that collection is kept aside (``set-aside/iter_<k>/collect.replaced-<time>``) and a new one recorded. In
-    iteration k > 1 a collection of other redeploy runs than iteration k - 1's complete ones now
-    (the gaits, so the redeploy, changed since) is kept aside too and the runs copied again; a
-    random recording of the iteration's own is carried over, not run again. An
+    Writes ``<stage>/<policy_id>/{hardware,groundtruth,frames}.parquet``, ``policy.json``,
+    ``plots/*.png`` and the manifest. Iteration k > 1 collects iteration k - 1's redeploy runs
+    instead (copied, one folder each), and with ``collect.later_iterations:
+    redeploy_and_random`` a fresh random policy as well. If the stage already holds a complete
+    collection recorded under this config (:data:`KEY_FIELDS`) it is returned untouched (the
+    hardware is not run), unless ``fresh``: then, as when it was recorded under another config,
+    that collection is kept aside (``set-aside/iter_<k>/collect.replaced-<time>``) and a new one
+    recorded. In iteration k > 1 a collection of other redeploy runs than iteration k - 1's
+    complete ones now (the gaits, so the redeploy, changed since) is kept aside too and the runs
+    copied again; a random recording of the iteration's own is carried over, not run again. An
     interrupted recording of iteration 1's policy is resumed: it is kept as it is (marked
-    incomplete), and the rest of the policy, from the segment it stopped in, is recorded as a
-    second recording (``<policy>-from<segment>``) from wherever the robot now stands. If the
-    hardware fails or the run is interrupted, what was recorded is kept, marked
-    incomplete, and the exception propagates.
+    incomplete, its flushed parts merged), and the rest of the policy, from the segment it
+    stopped in, is recorded as a second recording (``<policy>-from<segment>``) from wherever the
+    robot now stands; the summary counts both. If the hardware fails or the run is interrupted,
+    what was recorded is kept, marked incomplete, and the exception propagates.
     Returns the stage ref and a summary of numeric statistics.
     """
     layout = RunLayout.of(configs)

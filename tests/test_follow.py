@@ -157,3 +157,60 @@ def test_the_action_table_file_reads_back_the_table_and_refuses_another(tmp_path
     write_table(other, pa.Table.from_pandas(pd.DataFrame({"action": ["x"], "face": [0]})), {})
     with pytest.raises(DataError, match=r"other.parquet: an action table needs columns"):
         read_action_table(other)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("one.yaml", "- [0.0, 0.0]\n", "at least two distinct waypoints"),
+        ("nan.csv", "x,y\n0,0\nnan,1\n", "finite"),
+        ("bad.yaml", "waypoints: [[0, 0], [1\n", "not valid YAML"),
+        ("triples.yaml", "- [0, 0, 0]\n- [1, 0, 0]\n", "list of \\[x, y\\] waypoints"),
+        ("words.csv", "0,0\nnorth,east\n", "two numbers"),
+        ("three.csv", "0,0,0\n1,1,1\n", "two columns"),
+        ("path.txt", "0 0\n1 1\n", "YAML \\(.yaml, .yml\\) or CSV"),
+    ],
+)
+def test_a_bad_path_file_is_refused_naming_it(tmp_path, name, text, message) -> None:
+    from storage.path_file import read_path
+
+    file = tmp_path / name
+    file.write_text(text)
+    with pytest.raises((ConfigError, DataError), match=message) as raised:
+        _path(read_path(str(file))[1], str(file))
+    assert str(file) in str(raised.value)
+
+
+def test_path_files_and_built_ins_give_their_waypoints(tmp_path) -> None:
+    from storage.path_file import read_path
+
+    (tmp_path / "l.yaml").write_text("waypoints:\n  - [0, 0]\n  - [1.5, 0.5]\n")
+    (tmp_path / "l.csv").write_text("x,y\n0,0\n1.5,0.5\n")
+    for file in ("l.yaml", "l.csv"):
+        name, points = read_path(str(tmp_path / file))
+        np.testing.assert_array_equal(points, [[0, 0], [1.5, 0.5]])
+        assert name == "l"
+    np.testing.assert_allclose(read_path("line:3")[1], [[0, 0], [3, 0]])
+    assert _path(read_path("arc")[1]).length_m == pytest.approx(math.pi, 1e-3)  # radius 1 m, 180 deg
+    assert len(_path(read_path("triangle:2")[1]).segments) == 3
+    with pytest.raises(ConfigError, match="neither a file nor one of the built-ins"):
+        read_path("spiral")
+    with pytest.raises(ConfigError, match="positive"):
+        read_path("line:-1")
+
+
+def test_the_observed_pose_is_the_papers(default_configs) -> None:
+    """Centroid of the six caps, heading the principal axis (odd caps to even caps) turned 90 deg
+    counter-clockwise; turning the robot about z turns the heading by as much."""
+    from scipy.spatial.transform import Rotation
+
+    from pipeline.follow.planner import observed
+    from pipeline.robot_model import reference_prism, resting_on_face
+
+    caps = resting_on_face(default_configs.robot, reference_prism(default_configs.robot))
+    pose, face = observed(caps)
+    axis = caps[[0, 2, 4]].mean(0) - caps[[1, 3, 5]].mean(0)
+    assert face == 0 and (pose.x_m, pose.y_m) == pytest.approx(tuple(caps.mean(0)[:2]))
+    assert pose.heading_rad == pytest.approx(math.atan2(axis[1], axis[0]) + math.pi / 2)
+    turned, _ = observed(Rotation.from_euler("z", 0.7).apply(caps) + np.array([0.3, -0.2, 0.0]))
+    assert (turned.heading_rad - pose.heading_rad) % (2 * math.pi) == pytest.approx(0.7)

@@ -2,7 +2,8 @@
 
 A :class:`Path` is a list of segments, each a polyline resampled to evenly spaced waypoints
 (m). The planner follows one segment at a time (:mod:`pipeline.follow.planner`), as the Tribar
-paper follows a triangle leg by leg. Built-ins: :func:`line`, :func:`arc`, :func:`triangle`.
+paper follows a triangle leg by leg. Built-ins: :func:`line`, :func:`arc`, :func:`triangle`,
+named on the command line by :func:`builtin` (``line:2``, ``arc:1:180``, ``triangle:1.5``).
 """
 
 from __future__ import annotations
@@ -80,3 +81,30 @@ def triangle(leg_m: float, start: tuple[float, float] = (0.0, 0.0)) -> np.ndarra
     """Waypoints (4, 2) of a right triangle with legs ``leg_m``: along +x, then +y, then back."""
     corners = np.array([[0.0, 0.0], [leg_m, 0.0], [leg_m, leg_m], [0.0, 0.0]])
     return corners + np.asarray(start, float)
+
+
+BUILTINS = {"line": (2.0,), "arc": (1.0, 180.0), "triangle": (1.5,)}
+"""Built-in paths and their default sizes: the Tribar paper's 2 m line, 1 m radius arc over
+180 deg and right triangle with 1.5 m legs (m, deg)."""
+
+
+def builtin(spec: str) -> np.ndarray | None:
+    """The waypoints of a built-in path ``name[:size[:size]]`` (:data:`BUILTINS`), or None if
+    ``spec`` names none; :class:`ConfigError` for sizes that are not positive numbers."""
+    name, *sizes = spec.split(":")
+    if name not in BUILTINS:
+        return None
+    defaults = BUILTINS[name]
+    if len(sizes) > len(defaults):
+        raise ConfigError(f"path {spec!r}: {name} takes at most {len(defaults)} sizes")
+    try:
+        values = [float(v) for v in sizes] + list(defaults[len(sizes) :])
+    except ValueError:
+        raise ConfigError(f"path {spec!r}: sizes must be numbers (m, deg)") from None
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise ConfigError(f"path {spec!r}: sizes must be positive")
+    if name == "line":
+        return line(values[0])
+    if name == "arc":
+        return arc(values[0], values[1])
+    return triangle(values[0])

@@ -31,6 +31,8 @@ import numpy as np
 
 from pipeline.config.follow import PlannerConfig
 from pipeline.follow.paths import Path
+from pipeline.gaits.symmetry import bottom_face
+from pipeline.robot_model import heading_rad
 
 FORWARD, REVERSE = 0, 1
 
@@ -72,6 +74,12 @@ class Pose:
             self.y_m + s * forward_m + c * lateral_m,
             self.heading_rad + rotation_rad,
         )
+
+
+def observed(caps_m: np.ndarray) -> tuple[Pose, int]:
+    """The pose and the bottom face of the robot whose end caps are ``caps_m`` (6, 3), m, world."""
+    centre = np.asarray(caps_m, float).mean(axis=0)
+    return Pose(float(centre[0]), float(centre[1]), float(heading_rad(caps_m))), bottom_face(caps_m)
 
 
 @dataclass(frozen=True)
