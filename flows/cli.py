@@ -284,6 +284,34 @@ def import_tribar(
 
 @app.command()
 @user_errors
+def follow(
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="The path: a built-in, line[:length_m], arc[:radius_m[:sweep_deg]] or triangle[:leg_m], "
+            "or a YAML or CSV file of x, y waypoints (m, world frame)."
+        ),
+    ],
+    config: ConfigOption = DEFAULT_CONFIG,
+    iteration: IterationOption = 1,
+    set_: SetOption = None,
+) -> None:
+    """Follow PATH on the hardware, closed loop, with iteration K's action table (docs/follow.md)."""
+    configs = _load(config, parse_overrides(set_))
+    from tasks.follow import follow_and_log
+
+    folder, summary = follow_and_log(configs, iteration, path)
+    table = Table(title=f"follow {path}: {configs.pipeline.campaign} iteration {iteration}")
+    table.add_column("figure")
+    table.add_column("value")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    Console().print(table)
+    Console().print(f"recorded in {folder}")
+
+
+@app.command()
+@user_errors
 def ui(
     config: ConfigOption = DEFAULT_CONFIG, port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 5000
 ) -> None:

@@ -23,6 +23,7 @@ from prefect.context import TaskRunContext
 
 from flows.caching import is_cached, stage_cache_key
 from pipeline.config import ROBOT_FIELD, LoadedConfigs
+from storage.catalog import attach_iteration
 from storage.layout import Ref, RunLayout, existing_ref
 from tasks import collect, gaits, redeploy
 from tasks.actions import actions
@@ -114,12 +115,6 @@ class Stage:
     def is_cached(self, call: Call) -> bool:
         """Whether a result is stored under the key the call gives, and it is the output on disk."""
         return is_cached(self.cache_key(None, self.parameters(call)))
-
-
-def attach_iteration(configs: LoadedConfigs, iteration: int) -> int:
-    """The iteration whose attachment overlay ``iteration`` uses: its own (iteration 1, or
-    ``attach.every_iteration``) or iteration 1's."""
-    return iteration if iteration == 1 or configs.pipeline.attach.every_iteration else 1
 
 
 def earlier_data_refs(

@@ -52,6 +52,18 @@ def top_view_paths(caps_m: np.ndarray, title: str) -> bytes:
     return _top_view_png(fig, ax, title, legend_size=7)
 
 
+def follow_plot(waypoints_m: np.ndarray, track_m: np.ndarray, title: str) -> bytes:
+    """Plot a path's waypoints (n, 2) and the robot's tracked centroid (T, 2), m, from above;
+    returns the PNG bytes."""
+    fig, ax = plt.subplots(figsize=(6, 6), dpi=100)
+    ax.plot(waypoints_m[:, 0], waypoints_m[:, 1], color="0.5", lw=6, alpha=0.4, label="path")
+    ax.plot(*waypoints_m[-1], "x", color="0.3", ms=10, mew=2, label="end")
+    ax.plot(track_m[:, 0], track_m[:, 1], color="k", lw=1.5, label="robot (tracked centroid)")
+    ax.plot(*track_m[0], "o", color="k", ms=5)
+    ax.plot(*track_m[-1], "s", color="k", ms=5)
+    return _top_view_png(fig, ax, title, legend_size=8)
+
+
 def error_over_time(t_s: np.ndarray, error_mm: np.ndarray, confidence: np.ndarray, title: str) -> bytes:
     """Plot per-cap errors ``error_mm`` (n, 6) and confidences (n, 6) against time ``t_s``
     (n,) in two stacked panels; returns the PNG bytes."""

@@ -99,6 +99,12 @@ def _with_overlay(robot: RobotConfig, path: Path) -> RobotConfig:
     return robot_with_overlay(robot, yaml.safe_load(path.read_text()), path)
 
 
+def attach_iteration(configs: LoadedConfigs, iteration: int) -> int:
+    """The iteration whose attachment overlay ``iteration`` uses: its own (iteration 1, or
+    ``attach.every_iteration``) or iteration 1's."""
+    return iteration if iteration == 1 or configs.pipeline.attach.every_iteration else 1
+
+
 def attached_robot(configs: LoadedConfigs, attach_ref: Ref) -> RobotConfig:
     """The robot config with the attach stage's overlay (the inferred attachment points)."""
     return _with_overlay(configs.robot, Path(attach_ref.path) / ATTACH_OVERLAY_FILE)

@@ -84,6 +84,8 @@ SMALL_GAITS = {
 
 SMALL_REDEPLOY = {"redeploy.policies": ["turning"]}
 """One policy from the three default starts."""
+SMALL_FOLLOW = {"follow.table.paper_actions": ["roll_150", "ccw", "cw"], "follow.table.ensemble_motor_speed": 0.0}
+"""The paper's actions that roll and turn the robot (docs/follow.md), one ensemble member."""
 
 
 def write_test_pipeline(
@@ -106,6 +108,7 @@ def write_test_pipeline(
             **SMALL_LEARN,
             **SMALL_GAITS,
             **SMALL_REDEPLOY,
+            **SMALL_FOLLOW,
             # eager engine: compiling the step costs a compile per process, more than these small
             # stages take eagerly; test_engine checks the compiled step against the eager one
             "engine.compiled": False,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -214,3 +216,40 @@ def test_the_observed_pose_is_the_papers(default_configs) -> None:
     assert pose.heading_rad == pytest.approx(math.atan2(axis[1], axis[0]) + math.pi / 2)
     turned, _ = observed(Rotation.from_euler("z", 0.7).apply(caps) + np.array([0.3, -0.2, 0.0]))
     assert (turned.heading_rad - pose.heading_rad) % (2 * math.pi) == pytest.approx(0.7)
+
+
+def test_a_short_line_closed_loop_on_the_twin_with_the_pose_from_tracking(tmp_path) -> None:
+    """The iteration's action table (the paper's rolling and turning actions, and the published turns
+    as the gaits found), then a 0.5 m line on the twin: the robot is placed at its start, each
+    replan takes the pose the camera tracker gives after the action, and the run ends within
+    the end tolerance. The poses the planner saw are the tracker's: within 2 cm of the twin's
+    ground truth, not equal."""
+    from pipeline.config import load_all
+    from pipeline.published_gaits import CCW_TURN, CW_TURN_UNIT
+    from storage.catalog import GAITS_FILE
+    from storage.layout import RunLayout, write_manifest
+    from storage.trajectory import caps_array, read_trajectory
+    from tasks.actions import run_actions
+    from tasks.follow import STEPS_FILE, run_follow
+    from tests.conftest import empty_overlays, write_test_pipeline
+
+    configs = load_all(write_test_pipeline(tmp_path, campaign="follow"))
+    refs = empty_overlays(configs, 1)
+    gaits = RunLayout.of(configs).stage_dir(1, "gaits")
+    gaits.mkdir(parents=True)
+    turns = {"ccw": CCW_TURN, "cw": CW_TURN_UNIT}  # full-range turns, as the gaits stage finds them
+    found = {name: {"targets": targets.tolist()} for name, targets in turns.items()}
+    (gaits / GAITS_FILE).write_text(json.dumps({"found": found}))
+    refs["gaits"] = write_manifest(gaits, "gaits", complete=True, summary={})
+    run_actions(configs, 1, refs["attach"], refs["sysid"], refs["gaits"])
+    line = tmp_path / "line.yaml"  # from where the twin rests, where the tests' small camera sees well
+    line.write_text("waypoints: [[0.0, 0.0], [0.5, 0.0]]\n")
+    folder, summary = run_follow(configs, 1, str(line))
+    assert summary["reached_end"] and summary["end_error_m"] <= 0.15, summary
+    assert json.loads((folder / "manifest.json").read_text())["complete"] is True
+    steps = pd.read_parquet(folder / STEPS_FILE)
+    assert len(steps) == summary["actions"] >= 1
+    truth = caps_array(read_trajectory(folder / "groundtruth.parquet")[0]).mean(axis=1)[-1, :2]
+    last = steps.iloc[-1]
+    gap = math.hypot(last["observed_x_m"] - truth[0], last["observed_y_m"] - truth[1])
+    assert 0 < gap < 0.02

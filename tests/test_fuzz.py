@@ -1,8 +1,9 @@
 """Bad input, many kinds of it: every case ends in exit status 2 with a message that names the
 file or the field, no traceback, and the files under the runs folder as they were.
 
-Four families: pipeline, robot and twin config files; ``--set`` overrides; recordings in a
-collect stage (read by ``r2s2r rerun track``); Tribar folders (``r2s2r import-tribar``). The
+Five families: pipeline, robot and twin config files; ``--set`` overrides; recordings in a
+collect stage (read by ``r2s2r rerun track``); Tribar folders (``r2s2r import-tribar``); paths
+to follow (``r2s2r follow``). The
 runs folder is compared by the sha256 of every file before and after, except the tracking
 stores (``mlflow.db``, ``mlartifacts/``, ``.prefect/``): a flow that starts and then meets a bad
 recording logs its failed run there, which is the record of the attempt, not data.
@@ -315,6 +316,31 @@ def test_a_bad_tribar_folder_is_refused(tribar: Path, tmp_path: Path, case: str)
     assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
 
 
+# --- paths to follow ------------------------------------------------------------------------
+
+PATH_CASES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "one waypoint": ("one.yaml", "- [0.0, 0.0]\n", ("one.yaml", "at least two distinct waypoints")),
+    "NaN waypoint": ("nan.csv", "x,y\n0,0\nnan,1\n", ("nan.csv", "finite")),
+    "not YAML or CSV": ("path.txt", "0 0\n1 1\n", ("path.txt", "YAML")),
+    "not valid YAML": ("bad.yaml", "- [0, 0\n", ("bad.yaml", "not valid YAML")),
+    "outside the camera's view": ("", "line:20", ("line:20", "outside the camera's view")),
+    "unknown built-in": ("", "spiral", ("spiral", "built-ins")),
+    "negative size": ("", "arc:-1", ("arc:-1", "positive")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PATH_CASES))
+def test_a_bad_path_to_follow_is_refused_before_the_robot_moves(tmp_path: Path, case: str) -> None:
+    name, text, names = PATH_CASES[case]
+    spec = text
+    if name:
+        spec = str(tmp_path / name)
+        Path(spec).write_text(text)
+    config = write_test_pipeline(tmp_path, campaign="follow")
+    _refused(["follow", spec, "--config", str(config)], tmp_path / "runs", names)
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
+
+
 def test_the_fuzz_covers_forty_cases() -> None:
-    families = (PIPELINE_CASES, FILE_CASES, SET_CASES, RECORDING_CASES, TRIBAR_CASES)
+    families = (PIPELINE_CASES, FILE_CASES, SET_CASES, RECORDING_CASES, TRIBAR_CASES, PATH_CASES)
     assert sum(len(cases) for cases in families) >= 40

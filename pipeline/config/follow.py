@@ -42,6 +42,11 @@ class PlannerConfig(StrictModel):
 class ActionTableConfig(StrictModel):
     """How the ``actions`` stage simulates the action table (:mod:`pipeline.follow.table`)."""
 
+    paper_actions: tuple[str, ...] | None = Field(
+        default=None,
+        description="Which of the Tribar paper's 51 actions to tabulate, by name (roll_<R>, roll_<L>_<R>, ccw, cw); "
+        "null: all. The gaits the gaits stage found are always added.",
+    )
     ensemble_motor_speed: Annotated[float, Field(ge=0, lt=1)] = Field(
         default=0.05, description="The ensemble's motor speeds lower and higher by this fraction (0: none)."
     )
@@ -57,4 +62,8 @@ class FollowConfig(StrictModel):
     planner: PlannerConfig = PlannerConfig()
     end_radius_m: Positive = Field(
         default=0.1, description="The path is done within this distance of its last waypoint."
+    )
+    max_actions: Annotated[int, Field(ge=1)] = Field(default=60, description="A run stops after this many actions.")
+    corridor_m: Positive = Field(
+        default=0.5, description="A run stops when the robot is farther than this from the path."
     )

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.config import RobotConfig
+from pipeline.errors import ConfigError
 from pipeline.gaits.symmetry import reverse, to_face
 from pipeline.published_gaits import CCW_TURN, CW_TURN_UNIT, ROLLING_UNIT
 from pipeline.robot_model import REST_TARGET
@@ -66,6 +67,19 @@ def paper_actions() -> list[Action]:
     turns = {"ccw": CCW_TURN[:-1], "cw": CW_TURN_UNIT[:-1]}  # their last shape is the rest
     actions += [Action(name, _scaled(shapes, TURNING_RANGE_MM, TURNING_RANGE_MM)) for name, shapes in turns.items()]
     return actions
+
+
+def iteration_actions(found_gaits: dict[str, np.ndarray], names: tuple[str, ...] | None = None) -> list[Action]:
+    """The actions of an iteration's table: :func:`paper_actions` (those ``names``, all if None),
+    then each gait the gaits stage found (targets (n, 6) from face 0, ending at rest) as
+    ``gait_<objective>``. :class:`ConfigError` for a name that is no paper action."""
+    paper = paper_actions()
+    if names is not None:
+        unknown = sorted(set(names) - {a.name for a in paper})
+        if unknown:
+            raise ConfigError(f"follow.table.paper_actions: unknown actions {unknown}; see pipeline.follow.actions")
+        paper = [a for a in paper if a.name in names]
+    return paper + [Action(f"gait_{name}", np.asarray(t, float)) for name, t in found_gaits.items()]
 
 
 def on_face(action: Action, robot: RobotConfig, face: int, reverse_direction: bool) -> np.ndarray:

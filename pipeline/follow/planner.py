@@ -162,11 +162,15 @@ class Follower:
     started: bool = field(default=False, init=False)
 
     def _segment_done(self, pose: Pose) -> bool:
+        """A segment is done within ``switch_radius_m`` of its last waypoint or where that waypoint
+        is the nearest; the path's last one within ``end_radius_m``, or once past its end while
+        within ``switch_radius_m`` of it."""
         points = self.path.segments[self.segment]
-        nearest = int(_nearest(points, np.array(pose.x_m), np.array(pose.y_m)))
-        last = len(points) - 1
-        radius = self.end_radius_m if self.segment == len(self.path.segments) - 1 else self.config.switch_radius_m
-        return nearest == last or math.hypot(*(points[-1] - (pose.x_m, pose.y_m))) <= radius
+        passed = int(_nearest(points, np.array(pose.x_m), np.array(pose.y_m))) == len(points) - 1
+        distance = math.hypot(*(points[-1] - (pose.x_m, pose.y_m)))
+        if self.segment < len(self.path.segments) - 1:
+            return passed or distance <= self.config.switch_radius_m
+        return distance <= self.end_radius_m or (passed and distance <= self.config.switch_radius_m)
 
     def step(self, pose: Pose, face: int) -> Step | None:
         """The next action from ``pose`` on ``face``; moves to the next segment (choosing the
