@@ -94,6 +94,8 @@ class _Run:
         self.timeout_s = configs.pipeline.redeploy.segment_timeout_s
         self.recording = open_recording(configs, iteration, name, folder, hardware, self.timeout_s)
         self.t_offset = 0.0
+        self.placed_t = 0.0
+        """When the robot was placed at the path's start (s, on the run's clock)."""
         self.segments = 0
         self.tick_s = 1.0 / configs.robot.pid.control_rate_hz
 
@@ -157,8 +159,10 @@ def run_follow(
     write_tracked(folder / TRACKED_FILE, tracked, figures, robot, configs, iteration, run.recording.identity.policy_id)
     frame = pd.DataFrame(steps)
     write_table(folder / STEPS_FILE, pa.Table.from_pandas(frame, preserve_index=False), {"stage": STAGE, "path": spec})
-    track = tracked[[f"cap{i}_{a}" for i in range(6) for a in "xy"]].to_numpy().reshape(-1, 6, 2).mean(axis=1)
-    summary = _summary(path, frame, track, reason, time.perf_counter() - started, run.t_offset)
+    placed = tracked["t"].to_numpy() >= run.placed_t  # the run proper, from the robot at the path's start
+    caps = tracked[[f"cap{i}_{a}" for i in range(6) for a in "xy"]].to_numpy()[placed]
+    track = caps.reshape(-1, 6, 2).mean(axis=1)
+    summary = _summary(path, frame, track, reason, time.perf_counter() - started, run.t_offset - run.placed_t)
     atomic_write_bytes(folder / "follow.png", follow_plot(path.waypoints, track, f"follow {spec}: {reason}"))
     write_manifest(folder, STAGE, complete=True, summary=summary)
     return folder, summary
@@ -178,6 +182,7 @@ def _loop(configs, robot, camera, path: FollowPath, table, actions, run: _Run) -
     yaw = math.atan2(leg[1], leg[0]) - pose.heading_rad  # turn the rest pose to head along the path
     start = path.waypoints[0] - np.array([pose.x_m, pose.y_m])
     run.hardware.reset(StartPose(float(start[0]), float(start[1]), yaw))
+    run.placed_t = run.t_offset
     pose, face, _ = pose_after(robot, configs.pipeline.track, camera, *run.execute(rest))
     follower = Follower(table, path, c.planner, c.end_radius_m)
     steps: list[dict] = []
@@ -221,8 +226,9 @@ def _loop(configs, robot, camera, path: FollowPath, table, actions, run: _Run) -
 def _summary(
     path: FollowPath, steps: pd.DataFrame, track: np.ndarray, reason: str, wall_s: float, robot_s: float
 ) -> dict[str, object]:
-    """The run's figures: distance from the path (mean, max over the tracked run), end-point
-    error, progress along the path, times, actions and the table's prediction error."""
+    """The run's figures: distance from the path (mean, max over the tracked run from the robot's
+    placement at the start), end-point error, progress along the path, times (robot time from the
+    placement), actions and the table's prediction error."""
     points = path.waypoints
     distances = np.min(np.linalg.norm(track[:, None, :] - points[None], axis=-1), axis=1)
     nearest = int(np.argmin(np.linalg.norm(points - track[-1], axis=1)))
