@@ -55,8 +55,9 @@ def _refused(args: list[str], runs: Path, names: tuple[str, ...]) -> str:
     message = " ".join((result.stdout + result.stderr).split())
     assert result.exit_code == 2, f"exit {result.exit_code}: {message}"
     assert isinstance(result.exception, SystemExit) and "Traceback" not in message
+    unwrapped = "".join(message.split())  # the console may wrap a long path anywhere
     for name in names:
-        assert name in message, f"{name!r} not in: {message}"
+        assert "".join(name.split()) in unwrapped, f"{name!r} not in: {message}"
     assert _snapshot(runs) == before
     return message
 

@@ -95,8 +95,10 @@ NO_OUTPUT = {
     "redeploy.concurrent_runs": "whether the runs are submitted at once; each run records alone",
     "runner": "where the tasks run, not what they compute",
     "engine.compiled": "the compiled step equals the eager one (test_engine checks it)",
-    "follow.planner": "the planner runs in no stage yet (docs/follow.md)",
-    "follow.end_radius_m": "the planner runs in no stage yet (docs/follow.md)",
+    "follow.planner": "trajectory following is a command of its own, not a stage (docs/follow.md)",
+    "follow.end_radius_m": "trajectory following is a command of its own, not a stage",
+    "follow.max_actions": "trajectory following is a command of its own, not a stage",
+    "follow.corridor_m": "trajectory following is a command of its own, not a stage",
 }
 """Fields that change no stage's output, and why."""
 
@@ -142,7 +144,7 @@ def _other_values(value: object) -> list[object]:
     if isinstance(value, tuple):
         return [["friction"], [0.5]]
     if value is None:
-        return [2, [0.0, 0.5, 1.0], "127.0.0.1:8786"]
+        return [2, [0.0, 0.5, 1.0], "127.0.0.1:8786", ["roll_150"]]
     if isinstance(value, dict):
         return [{"friction": {"value": 0.7, "scale": 0.1}}, {"friction": 0.2}]
     raise AssertionError(f"no other value for {value!r}")
