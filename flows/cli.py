@@ -166,6 +166,16 @@ def campaign(
     Console().print(f"MLflow campaign run: {result['campaign_run_id']}  (view with: r2s2r ui --config {config})")
 
 
+def _summary_table(title: str, summary: dict[str, object]) -> Table:
+    """A stage's or command's figures, one row each (floats to three decimals)."""
+    table = Table(title=title)
+    table.add_column("figure")
+    table.add_column("value")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    return table
+
+
 def _headline_table(title: str, rows: dict[int, dict[str, float]]) -> Table:
     """Headline figures (rows, in :data:`storage.tracking.HEADLINE`'s order) by iteration (columns),
     so that a terminal fits many iterations."""
@@ -273,12 +283,7 @@ def import_tribar(
     from tasks.import_recording import run_import
 
     ref, summary = run_import(configs, iteration, src, Extrinsics(extrinsics), min_share)
-    table = Table(title=f"import {src} -> {configs.pipeline.campaign} iteration {iteration}")
-    table.add_column("field")
-    table.add_column("value")
-    for key, value in summary.items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    Console().print(table)
+    Console().print(_summary_table(f"import {src} -> {configs.pipeline.campaign} iteration {iteration}", summary))
     Console().print(f"stage output: {ref.path}")
 
 
@@ -301,12 +306,7 @@ def follow(
     from tasks.follow import follow_and_log
 
     folder, summary = follow_and_log(configs, iteration, path)
-    table = Table(title=f"follow {path}: {configs.pipeline.campaign} iteration {iteration}")
-    table.add_column("figure")
-    table.add_column("value")
-    for key, value in summary.items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    Console().print(table)
+    Console().print(_summary_table(f"follow {path}: {configs.pipeline.campaign} iteration {iteration}", summary))
     Console().print(f"recorded in {folder}")
 
 

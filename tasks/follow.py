@@ -27,13 +27,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from pipeline.config import LoadedConfigs
+from pipeline.config import LoadedConfigs, RobotConfig
 from pipeline.errors import ConfigError, DataError
-from pipeline.follow.actions import iteration_actions, on_face
+from pipeline.follow.actions import Action, iteration_actions, on_face
 from pipeline.follow.online import pose_after
 from pipeline.follow.paths import Path as FollowPath
 from pipeline.follow.paths import builtin, from_waypoints
-from pipeline.follow.planner import REVERSE, Follower, distances_to_path
+from pipeline.follow.planner import REVERSE, ActionTable, Follower, distances_to_path
 from pipeline.hardware import make_robot
 from pipeline.hardware.base import CameraInfo, FramePacket, Packet, Robot, SensorPacket, StartPose
 from pipeline.plots import follow_plot
@@ -94,8 +94,7 @@ class _Run:
         self.timeout_s = configs.pipeline.redeploy.segment_timeout_s
         self.recording = open_recording(configs, iteration, name, folder, hardware, self.timeout_s)
         self.t_offset = 0.0
-        self.placed_t = 0.0
-        """When the robot was placed at the path's start (s, on the run's clock)."""
+        self.placed_t = 0.0  # when the robot was placed at the path's start (s, on the run's clock)
         self.segments = 0
         self.tick_s = 1.0 / configs.robot.pid.control_rate_hz
 
@@ -172,7 +171,15 @@ def _folder_name(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "_.-" else "-" for ch in name).strip("-.") or "path"
 
 
-def _loop(configs, robot, camera, path: FollowPath, table, actions, run: _Run) -> tuple[list[dict], str]:
+def _loop(
+    configs: LoadedConfigs,
+    robot: RobotConfig,
+    camera: CameraInfo,
+    path: FollowPath,
+    table: ActionTable,
+    actions: list[Action],
+    run: _Run,
+) -> tuple[list[dict], str]:
     """Place the robot, then plan, act and observe until the path ends; the steps and why it stopped."""
     c = configs.pipeline.follow
     rest = Policy("rest", REST_TARGET[None])
