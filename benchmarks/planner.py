@@ -21,8 +21,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 
 from pipeline.config.follow import PlannerConfig
+from pipeline.follow.motion import ActionTable, Pose
 from pipeline.follow.paths import from_waypoints, line
-from pipeline.follow.planner import ActionTable, Pose, plan
+from pipeline.follow.planner import plan
 
 ACTIONS, FACES = 51, 3
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.errors import DataError
-from pipeline.follow.planner import ActionTable
+from pipeline.follow.motion import ActionTable
 from pipeline.follow.table import TabulatedActions
 from storage.tables import read_meta, write_table
 

@@ -18,7 +18,7 @@ from prefect import task
 
 from pipeline.config import LoadedConfigs
 from pipeline.follow.actions import iteration_actions
-from pipeline.follow.planner import FORWARD
+from pipeline.follow.motion import FORWARD
 from pipeline.follow.table import TabulatedActions, tabulate
 from pipeline.gaits.ensemble import ensemble_params
 from pipeline.physics.engine import Engine
@@ -42,7 +42,7 @@ def run_actions(
     )
     c = configs.pipeline.follow.table
     ensemble = ensemble_params(Params.from_robot(robot), c.ensemble_motor_speed, c.ensemble_friction)
-    actions = iteration_actions(read_found_gaits(gaits_ref), c.paper_actions)
+    actions = iteration_actions(robot, read_found_gaits(gaits_ref), c.paper_actions)
     tabulated = tabulate(engine, ensemble, robot, actions, configs.pipeline.redeploy.segment_timeout_s)
     stage_dir = RunLayout.of(configs).stage_dir(iteration, STAGE)
     stage_dir.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,12 @@ stops at the path's end, after ``follow.max_actions``, or when the robot leaves 
 
 Written to ``iter_<K>/follow/<path>/``: the recording as a redeploy run has it (hardware stream,
 ground truth where the backend has it, frames, ``tracked.parquet`` of the whole run),
-``steps.parquet`` (per action: its name, face, direction, the pose predicted from the table and
-the pose observed, and their difference), ``path.json`` (the waypoints), a plot of the path and
-the robot's track, and the manifest; its figures are logged as the iteration's ``follow`` run.
+``steps.parquet`` (per action: its name, face, direction, the pose before it, the pose predicted
+from the table and the pose observed, the motion predicted and observed in the body frame, and
+their difference), ``action_errors.parquet`` (per action taken: how often, its mean predicted and
+observed motion, the table's error; :func:`pipeline.follow.metrics.action_errors`),
+``path.json`` (the waypoints), a plot of the path and the robot's track, and the manifest; its
+figures are logged as the iteration's ``follow`` run.
 """
 
 from __future__ import annotations
@@ -30,10 +33,13 @@ import pyarrow as pa
 from pipeline.config import LoadedConfigs, RobotConfig
 from pipeline.errors import ConfigError, DataError
 from pipeline.follow.actions import Action, iteration_actions, on_face
+from pipeline.follow.correction import Correction
+from pipeline.follow.metrics import MOTIONS, action_errors, path_figures, prediction_errors
+from pipeline.follow.motion import REVERSE, ActionTable
 from pipeline.follow.online import pose_after
 from pipeline.follow.paths import Path as FollowPath
 from pipeline.follow.paths import builtin, from_waypoints
-from pipeline.follow.planner import REVERSE, ActionTable, Follower, distances_to_path
+from pipeline.follow.planner import Follower, distances_to_path
 from pipeline.hardware import make_robot
 from pipeline.hardware.base import CameraInfo, FramePacket, Packet, Robot, SensorPacket, StartPose
 from pipeline.plots import follow_plot
@@ -51,6 +57,7 @@ from storage.tracking import StageContext, client_for, iteration_run
 
 STAGE = "follow"
 STEPS_FILE = "steps.parquet"
+ACTION_ERRORS_FILE = "action_errors.parquet"
 PATH_FILE = "path.json"
 
 
@@ -137,7 +144,7 @@ def run_follow(
     gaits_ref = existing_ref(layout, iteration, "gaits")
     robot = attached_robot(configs, existing_ref(layout, attach_iteration(configs, iteration), "attach"))
     table = read_action_table(Path(actions_ref.path) / ACTIONS_FILE)
-    actions = iteration_actions(read_found_gaits(gaits_ref), c.table.paper_actions)
+    actions = iteration_actions(robot, read_found_gaits(gaits_ref), c.table.paper_actions)
     if tuple(a.name for a in actions) != table.names:
         raise DataError(f"{actions_ref.path}: the action table does not list this iteration's actions; rerun actions")
     folder = layout.stage_dir(iteration, STAGE) / _folder_name(name)
@@ -158,6 +165,10 @@ def run_follow(
     write_tracked(folder / TRACKED_FILE, tracked, figures, robot, configs, iteration, run.recording.identity.policy_id)
     frame = pd.DataFrame(steps)
     write_table(folder / STEPS_FILE, pa.Table.from_pandas(frame, preserve_index=False), {"stage": STAGE, "path": spec})
+    errors = action_errors(frame) if len(frame) else pd.DataFrame()
+    write_table(
+        folder / ACTION_ERRORS_FILE, pa.Table.from_pandas(errors, preserve_index=False), {"stage": STAGE, "path": spec}
+    )
     placed = tracked["t"].to_numpy() >= run.placed_t  # the run proper, from the robot at the path's start
     caps = tracked[[f"cap{i}_{a}" for i in range(6) for a in "xy"]].to_numpy()[placed]
     track = caps.reshape(-1, 6, 2).mean(axis=1)
@@ -191,7 +202,8 @@ def _loop(
     run.hardware.reset(StartPose(float(start[0]), float(start[1]), yaw))
     run.placed_t = run.t_offset
     pose, face, _ = pose_after(robot, configs.pipeline.track, camera, *run.execute(rest))
-    follower = Follower(table, path, c.planner, c.end_radius_m)
+    prior = c.planner.correction_prior
+    follower = Follower(table, path, c.planner, c.end_radius_m, None if prior is None else Correction(table, prior))
     steps: list[dict] = []
     for _ in range(c.max_actions):
         step = follower.step(pose, face)
@@ -204,7 +216,13 @@ def _loop(
         pose, new_face, _ = pose_after(
             robot, configs.pipeline.track, camera, *run.execute(Policy(action.name, targets))
         )
+        follower.observe(step.action, face, before, pose, new_face)
         distance = float(distances_to_path(path, [pose])[0])
+        motions = {
+            "table": table.motion(step.action, face, direction),
+            "predicted": before.motion_to(step.predicted),
+            "observed": before.motion_to(pose),
+        }
         steps.append(
             {
                 "action": action.name,
@@ -220,7 +238,7 @@ def _loop(
                 "observed_y_m": pose.y_m,
                 "observed_heading_rad": pose.heading_rad,
                 "observed_face": new_face,
-                "prediction_error_m": math.hypot(pose.x_m - step.predicted.x_m, pose.y_m - step.predicted.y_m),
+                **{f"{k}_{m}": v for k, motion in motions.items() for m, v in zip(MOTIONS, motion, strict=True)},
                 "distance_to_path_m": distance,
             }
         )
@@ -234,23 +252,23 @@ def _summary(
     path: FollowPath, steps: pd.DataFrame, track: np.ndarray, reason: str, wall_s: float, robot_s: float
 ) -> dict[str, object]:
     """The run's figures: distance from the path (mean, max over the tracked run from the robot's
-    placement at the start), end-point error, progress along the path, times (robot time from the
-    placement), actions and the table's prediction error."""
-    points = path.waypoints
-    distances = np.min(np.linalg.norm(track[:, None, :] - points[None], axis=-1), axis=1)
-    nearest = int(np.argmin(np.linalg.norm(points - track[-1], axis=1)))
-    along = np.r_[0.0, np.cumsum(np.linalg.norm(np.diff(points, axis=0), axis=1))]
+    placement at the start), end-point error and progress (:func:`path_figures`), times (robot time
+    from the placement), actions, and the mean error per action of the table and of the planner's
+    prediction (the table corrected online; position, m, and rotation, deg)."""
+    nan = np.full(1, np.nan)
+    table_position, table_rotation = prediction_errors(steps, "table") if len(steps) else (nan, nan)
+    position, rotation = prediction_errors(steps, "predicted") if len(steps) else (nan, nan)
     return {
         "stopped": reason,
         "reached_end": reason == "end of path",
         "actions": len(steps),
-        "mean_distance_m": float(distances.mean()),
-        "max_distance_m": float(distances.max()),
-        "end_error_m": float(np.linalg.norm(track[-1] - points[-1])),
-        "progress": float(along[nearest] / along[-1]),
+        **path_figures(path.waypoints, track),
         "robot_time_s": robot_s,
         "wall_s": wall_s,
-        "prediction_error_m": float(steps["prediction_error_m"].mean()) if len(steps) else float("nan"),
+        "table_error_m": float(table_position.mean()),
+        "table_error_deg": math.degrees(float(table_rotation.mean())),
+        "prediction_error_m": float(position.mean()),
+        "prediction_error_deg": math.degrees(float(rotation.mean())),
     }
 
 
@@ -262,5 +280,10 @@ def follow_and_log(configs: LoadedConfigs, iteration: int, spec: str) -> tuple[P
     run_id, _ = iteration_run(client_for(layout), layout, iteration)
     tags = {"path": spec, "stopped": str(summary["stopped"])}
     with StageContext(configs, iteration, STAGE, run_id) as context:
-        context.log(summary, [folder / "follow.png", folder / STEPS_FILE], folder=folder.name, tags=tags)
+        context.log(
+            summary,
+            [folder / "follow.png", folder / STEPS_FILE, folder / ACTION_ERRORS_FILE],
+            folder=folder.name,
+            tags=tags,
+        )
     return folder, summary

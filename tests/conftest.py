@@ -84,7 +84,10 @@ SMALL_GAITS = {
 
 SMALL_REDEPLOY = {"redeploy.policies": ["turning"]}
 """One policy from the three default starts."""
-SMALL_FOLLOW = {"follow.table.paper_actions": ["roll_150", "ccw", "cw"], "follow.table.ensemble_motor_speed": 0.0}
+SMALL_FOLLOW = {
+    "follow.table.paper_actions": ["roll_100", "roll_90_150", "roll_150_90", "ccw", "cw"],
+    "follow.table.ensemble_motor_speed": 0.0,
+}
 """The paper's actions that roll and turn the robot (docs/follow.md), one ensemble member."""
 
 

@@ -37,6 +37,12 @@ class PlannerConfig(StrictModel):
     waypoint_spacing_m: Positive = Field(
         default=0.02, description="Segments are resampled to waypoints this far apart."
     )
+    correction_prior: Positive | None = Field(
+        default=2.0,
+        description="Correct the table online from the motions observed in the run, each action's mean "
+        "residual shrunk towards its group's with this weight (in actions; pipeline.follow.correction); "
+        "null: plan with the table as it is.",
+    )
 
 
 class ActionTableConfig(StrictModel):

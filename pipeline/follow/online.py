@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import RobotConfig, TrackConfig
-from pipeline.follow.planner import Pose, observed
+from pipeline.follow.motion import Pose, observed
 from pipeline.hardware.base import CameraInfo, FramePacket, SensorPacket
 from pipeline.perception.tracker import CapTracker
 from pipeline.robot_model import build_cables

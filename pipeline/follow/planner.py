@@ -1,11 +1,7 @@
 """The Tribar paper's trajectory-following planner (seed 002): an exhaustive search over an
 action table.
 
-The robot's pose is its end caps' centroid (x, y, m) and its heading (rad,
-:func:`pipeline.robot_model.heading_rad`: the principal axis turned 90 deg counter-clockwise).
-An :class:`ActionTable` says, per action, bottom face (:data:`pipeline.gaits.symmetry.FACES`) and
-rolling direction (0 forward, 1 reverse), how the pose moves: forward and lateral along the
-heading before the action (m) and the heading's change (rad), and the face the robot ends on.
+Poses and action tables are those of :mod:`pipeline.follow.motion`.
 
 :func:`plan` tries every sequence of ``depth`` actions (the paper: two) from the current pose,
 face and direction, and returns the first action of the sequence whose final pose costs least:
@@ -18,8 +14,11 @@ segment at ``p_i``: distance from the path, angle to it, and how far from the se
 robot still is. :class:`Follower` keeps the segment and the direction: a segment ends within
 ``switch_radius_m`` of its last waypoint or where that waypoint is the nearest; at each new
 segment the robot rolls forward if its heading points along the segment (``h . u >= 0``, the
-paper's principal-axis cross product) and in reverse otherwise, as its symmetry allows.
-Everything here is pure (numpy); :func:`follow_table` runs the loop on the table's own motion.
+paper's principal-axis cross product) and in reverse otherwise, as its symmetry allows. The path
+ends within ``end_radius_m`` of its last waypoint, or where that waypoint is the nearest and the
+cheapest sequence is not predicted to bring the robot closer. With ``correction_prior`` set the planner searches
+the table as corrected by what the robot did so far in the run (:mod:`pipeline.follow.correction`).
+Everything here is pure (numpy); :func:`follow_table` runs the loop on a table's motion.
 """
 
 from __future__ import annotations
@@ -30,64 +29,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.config.follow import PlannerConfig
+from pipeline.follow.correction import Correction
+from pipeline.follow.motion import FORWARD, REVERSE, ActionTable, Pose
 from pipeline.follow.paths import Path
-from pipeline.gaits.symmetry import bottom_face
-from pipeline.robot_model import heading_rad
-
-FORWARD, REVERSE = 0, 1
-
-
-@dataclass(frozen=True)
-class ActionTable:
-    """Motion of each action (A,) from each face (F,) in each direction (2,): arrays (A, F, 2)."""
-
-    names: tuple[str, ...]
-    forward_m: np.ndarray
-    lateral_m: np.ndarray
-    rotation_rad: np.ndarray
-    next_face: np.ndarray
-
-    def __post_init__(self) -> None:
-        shape = (len(self.names), self.forward_m.shape[1], 2)
-        for name in ("forward_m", "lateral_m", "rotation_rad", "next_face"):
-            if getattr(self, name).shape != shape:
-                raise ValueError(f"ActionTable.{name}: shape {getattr(self, name).shape}, expected {shape}")
-
-    @property
-    def faces(self) -> int:
-        return self.forward_m.shape[1]
-
-
-@dataclass(frozen=True)
-class Pose:
-    """The robot's 2D pose: centroid (m, world) and heading (rad)."""
-
-    x_m: float
-    y_m: float
-    heading_rad: float
-
-    def moved(self, forward_m: float, lateral_m: float, rotation_rad: float) -> Pose:
-        """The pose after a motion given along the heading before it."""
-        c, s = math.cos(self.heading_rad), math.sin(self.heading_rad)
-        return Pose(
-            self.x_m + c * forward_m - s * lateral_m,
-            self.y_m + s * forward_m + c * lateral_m,
-            self.heading_rad + rotation_rad,
-        )
-
-
-def observed(caps_m: np.ndarray) -> tuple[Pose, int]:
-    """The pose and the bottom face of the robot whose end caps are ``caps_m`` (6, 3), m, world."""
-    centre = np.asarray(caps_m, float).mean(axis=0)
-    return Pose(float(centre[0]), float(centre[1]), float(heading_rad(caps_m))), bottom_face(caps_m)
 
 
 @dataclass(frozen=True)
 class Step:
-    """One replan: the action chosen (index), the pose it predicts, and the sequence's cost."""
+    """One replan: the action chosen (index), the pose it predicts, the pose the whole cheapest
+    sequence predicts, and that sequence's cost."""
 
     action: int
     predicted: Pose
+    final: Pose
     cost: float
 
 
@@ -134,12 +88,8 @@ def plan(table: ActionTable, segment: np.ndarray, pose: Pose, face: int, directi
     cost = path_cost(segment, x, y, rolling, config)
     best = int(np.argmin(cost))
     first = best // len(table.names) ** (config.depth - 1)
-    predicted = pose.moved(
-        float(table.forward_m[first, face, direction]),
-        float(table.lateral_m[first, face, direction]),
-        float(table.rotation_rad[first, face, direction]),
-    )
-    return Step(first, predicted, float(cost[best]))
+    final = Pose(float(x[best]), float(y[best]), float(heading[best]))
+    return Step(first, pose.moved(*table.motion(first, face, direction)), final, float(cost[best]))
 
 
 def rolling_direction(segment: np.ndarray, heading_rad: float) -> int:
@@ -151,39 +101,64 @@ def rolling_direction(segment: np.ndarray, heading_rad: float) -> int:
 @dataclass
 class Follower:
     """Follows ``path`` segment by segment: :meth:`step` takes the pose and face observed after
-    the last action and returns the next action (None once the path is done)."""
+    the last action and returns the next action (None once the path is done); :meth:`observe`
+    tells it what the action did, for the ``correction`` of the table where there is one
+    (:mod:`pipeline.follow.correction`)."""
 
     table: ActionTable
     path: Path
     config: PlannerConfig
     end_radius_m: float
+    correction: Correction | None = None
     segment: int = 0
     direction: int = FORWARD
     started: bool = field(default=False, init=False)
 
+    def _last_segment(self) -> bool:
+        return self.segment == len(self.path.segments) - 1
+
+    def _passed(self, pose: Pose) -> bool:
+        """Whether the segment's last waypoint is the one nearest ``pose``."""
+        points = self.path.segments[self.segment]
+        return int(_nearest(points, np.array(pose.x_m), np.array(pose.y_m))) == len(points) - 1
+
+    def _to_end_m(self, pose: Pose) -> float:
+        return math.hypot(*(self.path.segments[self.segment][-1] - (pose.x_m, pose.y_m)))
+
     def _segment_done(self, pose: Pose) -> bool:
         """A segment is done within ``switch_radius_m`` of its last waypoint or where that waypoint
-        is the nearest; the path's last one within ``end_radius_m``, or once past its end while
-        within ``switch_radius_m`` of it."""
-        points = self.path.segments[self.segment]
-        passed = int(_nearest(points, np.array(pose.x_m), np.array(pose.y_m))) == len(points) - 1
-        distance = math.hypot(*(points[-1] - (pose.x_m, pose.y_m)))
-        if self.segment < len(self.path.segments) - 1:
-            return passed or distance <= self.config.switch_radius_m
-        return distance <= self.end_radius_m or (passed and distance <= self.config.switch_radius_m)
+        is the nearest; the path's last one within ``end_radius_m`` (and see :meth:`step`)."""
+        if self._last_segment():
+            return self._to_end_m(pose) <= self.end_radius_m
+        return self._passed(pose) or self._to_end_m(pose) <= self.config.switch_radius_m
+
+    def planning_table(self) -> ActionTable:
+        """The table the planner searches: the corrected one where there is a correction."""
+        return self.table if self.correction is None else self.correction.applied()
 
     def step(self, pose: Pose, face: int) -> Step | None:
         """The next action from ``pose`` on ``face``; moves to the next segment (choosing the
-        rolling direction there) when this one is done; None at the end of the path."""
+        rolling direction there) when this one is done; None at the end of the path: within
+        ``end_radius_m`` of its last waypoint, or with that waypoint the nearest and the cheapest
+        sequence not predicted to end closer to it."""
         if not self.started:
             self.direction = rolling_direction(self.path.segments[0], pose.heading_rad)
             self.started = True
         while self._segment_done(pose):
-            if self.segment == len(self.path.segments) - 1:
+            if self._last_segment():
                 return None
             self.segment += 1
             self.direction = rolling_direction(self.path.segments[self.segment], pose.heading_rad)
-        return plan(self.table, self.path.segments[self.segment], pose, face, self.direction, self.config)
+        step = plan(self.planning_table(), self.path.segments[self.segment], pose, face, self.direction, self.config)
+        if self._last_segment() and self._passed(pose) and self._to_end_m(step.final) >= self._to_end_m(pose):
+            return None
+        return step
+
+    def observe(self, action: int, face: int, before: Pose, after: Pose, end_face: int) -> None:
+        """``action``, run from ``face`` in the current direction, took the robot from ``before``
+        to ``after`` and onto ``end_face``."""
+        if self.correction is not None:
+            self.correction.observe(action, face, self.direction, before.motion_to(after), end_face)
 
 
 @dataclass(frozen=True)
@@ -210,7 +185,8 @@ def follow_table(
     """The closed loop on ``motion`` (default: the table itself): plan with ``table``, move as
     ``motion`` says, replan; stops at the path's end or after ``max_actions``."""
     motion = table if motion is None else motion
-    follower = Follower(table, path, config, end_radius_m)
+    correction = None if config.correction_prior is None else Correction(table, config.correction_prior)
+    follower = Follower(table, path, config, end_radius_m, correction)
     poses, faces, actions, directions = [start], [face], [], []
     pose = start
     for _ in range(max_actions):
@@ -218,11 +194,15 @@ def follow_table(
         if step is None:
             return FollowResult(poses, faces, actions, directions, True)
         a, d = step.action, follower.direction
-        pose = pose.moved(
-            float(motion.forward_m[a, face, d]),
-            float(motion.lateral_m[a, face, d]),
-            float(motion.rotation_rad[a, face, d]),
+        before, pose = (
+            pose,
+            pose.moved(
+                float(motion.forward_m[a, face, d]),
+                float(motion.lateral_m[a, face, d]),
+                float(motion.rotation_rad[a, face, d]),
+            ),
         )
+        follower.observe(a, face, before, pose, int(motion.next_face[a, face, d]))
         face = int(motion.next_face[a, face, d])
         poses.append(pose)
         faces.append(face)

@@ -18,7 +18,7 @@ import torch
 
 from pipeline.config import RobotConfig
 from pipeline.follow.actions import Action, on_face
-from pipeline.follow.planner import ActionTable
+from pipeline.follow.motion import ActionTable
 from pipeline.gaits.outcome import simulate_targets
 from pipeline.gaits.symmetry import FACES, support_triangle
 from pipeline.physics.engine import Engine, State
