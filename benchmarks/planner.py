@@ -3,8 +3,10 @@
 A table of the Tribar paper's size (51 actions, 3 faces, 2 directions; random motions of a
 roll's size) and a 2 m line resampled every 2 cm; each replan searches every sequence of
 ``depth`` actions (:func:`pipeline.follow.planner.plan`). Reports the median over ``--repeats``
-replans from random poses near the line at depth 2 (the paper's) and, as the anchor measured
-in the same run, at depth 1. Prints one JSON object (last line).
+replans from random poses near the line at depth 2 (the paper's), the same with the table
+corrected online after 30 observed actions first (:mod:`pipeline.follow.correction`, as
+``r2s2r follow`` replans by default) and, as the anchor measured in the same run, at depth 1.
+Prints one JSON object (last line).
 
 Usage: ``python -m benchmarks.planner [--quick] [--repeats 200]``.
 """
@@ -21,6 +23,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 
 from pipeline.config.follow import PlannerConfig
+from pipeline.follow.correction import Correction
 from pipeline.follow.motion import ActionTable, Pose
 from pipeline.follow.paths import from_waypoints, line
 from pipeline.follow.planner import plan
@@ -39,11 +42,13 @@ def _table(rng: np.random.Generator) -> ActionTable:
     )
 
 
-def _median_ms(table: ActionTable, segment: np.ndarray, config: PlannerConfig, poses: list[Pose]) -> float:
+def _median_ms(
+    table: ActionTable, segment: np.ndarray, config: PlannerConfig, poses: list[Pose], correction: Correction | None
+) -> float:
     times = []
     for k, pose in enumerate(poses):
         start = time.perf_counter()
-        plan(table, segment, pose, k % FACES, k % 2, config)
+        plan(table if correction is None else correction.applied(), segment, pose, k % FACES, k % 2, config)
         times.append(time.perf_counter() - start)
     return 1e3 * float(np.median(times))
 
@@ -60,14 +65,19 @@ def main() -> None:
     config = PlannerConfig()
     segment = from_waypoints(line(2.0), config.corner_deg, config.waypoint_spacing_m).segments[0]
     poses = [Pose(*rng.uniform([0.0, -0.2, -np.pi], [2.0, 0.2, np.pi])) for _ in range(args.repeats)]
-    _median_ms(table, segment, config, poses[:5])  # warm-up
-    depth2 = _median_ms(table, segment, config, poses)
-    depth1 = _median_ms(table, segment, config.model_copy(update={"depth": 1}), poses)
+    correction = Correction(table, 2.0)
+    for k in range(30):
+        correction.observe(k % ACTIONS, k % FACES, k % 2, tuple(rng.normal(0.0, 0.03, 3)), int(rng.integers(FACES)))
+    _median_ms(table, segment, config, poses[:5], None)  # warm-up
+    depth2 = _median_ms(table, segment, config, poses, None)
+    corrected = _median_ms(table, segment, config, poses, correction)
+    depth1 = _median_ms(table, segment, config.model_copy(update={"depth": 1}), poses, None)
     result = {
         "actions": ACTIONS,
         "faces": FACES,
         "waypoints": len(segment),
         "replan_ms_depth2": round(depth2, 3),
+        "replan_ms_depth2_corrected": round(corrected, 3),
         "anchor_replan_ms_depth1": round(depth1, 3),
         "goal_ms": 50.0,
     }

@@ -293,8 +293,9 @@ def follow(
     path: Annotated[
         str,
         typer.Argument(
-            help="The path: a built-in, line[:length_m], arc[:radius_m[:sweep_deg]] or triangle[:leg_m], "
-            "or a YAML or CSV file of x, y waypoints (m, world frame)."
+            help="The path: a built-in, line[:length_m], arc[:radius_m[:sweep_deg]] (counter-clockwise; a "
+            "negative sweep turns clockwise) or triangle[:leg_m], or a YAML or CSV file of x, y waypoints "
+            "(m, world frame)."
         ),
     ],
     config: ConfigOption = DEFAULT_CONFIG,

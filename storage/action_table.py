@@ -56,8 +56,9 @@ def write_action_table(path: Path, tabulated: TabulatedActions, meta: dict[str, 
     write_table(path, pa.Table.from_pandas(action_frame(tabulated), preserve_index=False), meta)
 
 
-def read_action_table(path: Path) -> ActionTable:
-    """The planner's table from ``path``; :class:`DataError` naming the file when it does not hold one."""
+def read_action_table(path: Path) -> TabulatedActions:
+    """The table and its spread from ``path``; :class:`DataError` naming the file when it does not
+    hold one."""
     read_meta(path)
     frame = pd.read_parquet(path)
     missing = [c for c in COLUMNS if c not in frame.columns]
@@ -77,4 +78,9 @@ def read_action_table(path: Path) -> ActionTable:
     def grid(column: str) -> np.ndarray:
         return frame[column].to_numpy().reshape(shape)
 
-    return ActionTable(names, grid("forward_m"), grid("lateral_m"), grid("rotation_rad"), grid("next_face").astype(int))
+    table = ActionTable(
+        names, grid("forward_m"), grid("lateral_m"), grid("rotation_rad"), grid("next_face").astype(int)
+    )
+    return TabulatedActions(
+        table, grid("forward_std_m"), grid("lateral_std_m"), grid("rotation_std_rad"), grid("succeeded").astype(bool)
+    )

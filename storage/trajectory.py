@@ -7,7 +7,7 @@ column                 unit     required for source
 =====================  =======  ==============================================
 ``t``                  s        all (float64, non-decreasing, may be non-uniform)
 ``segment``            -        all (int32, index of the policy target)
-``target_0..5``        -        all (normalised, [0, 1])
+``target_0..5``        -        all (normalised, [0, MAX_TARGET]; see below)
 ``control_0..5``       -        hardware (see below), sim (motor command, [-1, 1])
 ``cable_0..8``         m        hardware (sensed lengths)
 ``cap{i}_x/_y/_z``     m        groundtruth, tracked, sim (end-cap centres, world)
@@ -24,6 +24,12 @@ Schema metadata (JSON under key ``r2s2r``) is validated by :class:`TrajectoryMet
 Only a ``hardware`` file may set it to false (imported recordings whose format
 has no usable motor command, see :mod:`storage.tribar`); such a file must then
 have no ``control_*`` column at all. Every other source requires it true.
+
+A target is normalised by the robot config: 0 commands ``actuated_cable.min_length_m``, 1 that
+plus ``range_m``. Policies stay in [0, 1]; trajectory following's actions command gaits at a
+larger range, as the Tribar paper does (up to 1.5 on the Tribar: 150 mm of range on a 100 mm
+config range, :mod:`pipeline.follow.actions`), so a file may hold targets up to
+:data:`MAX_TARGET`.
 
 ``segment_timeout_s`` (optional, s): the longest the recorder held each target
 before moving on; a segment that lasted this long timed out (target not reached).
@@ -46,6 +52,9 @@ from pipeline.errors import DataError
 from storage.tables import read_meta, write_table
 
 SCHEMA_VERSION = 1
+MAX_TARGET = 2.0
+"""The largest normalised target a trajectory may hold: twice the config's range (the follow
+actions go to 1.5); a larger value is a unit mix-up, not a gait."""
 Source = Literal["hardware", "groundtruth", "tracked", "sim"]
 
 UNITS = {"t": "s", "cable": "m", "cap": "m", "rod_position": "m", "motor": "rad", "target": "1", "control": "1"}
@@ -172,8 +181,8 @@ def _validate_frame(path: Path, df: pd.DataFrame, meta: TrajectoryMeta) -> None:
     if len(t) and (not np.isfinite(t).all() or np.any(np.diff(t) < 0)):
         raise DataError(f"{path}: column 't' must be finite and non-decreasing")
     targets = df[TARGET_COLS].to_numpy()
-    if ((targets < 0) | (targets > 1)).any():
-        raise DataError(f"{path}: target_* columns must lie in [0, 1]")
+    if ((targets < 0) | (targets > MAX_TARGET)).any():
+        raise DataError(f"{path}: target_* columns must lie in [0, {MAX_TARGET}]")
 
 
 def write_trajectory(path: Path, df: pd.DataFrame, meta: dict[str, object]) -> Path:

@@ -3,7 +3,7 @@
 :func:`run_actions` simulates the Tribar paper's 51 actions (:func:`pipeline.follow.actions.paper_actions`)
 and every gait the gaits stage found (``gait_<objective>``) in the iteration's identified engine,
 from each bottom face, forward and in reverse, over a small ensemble of motor speeds and
-frictions (``follow.table``), and writes the table (``actions.parquet``,
+frictions and from a few starts near rest (``follow.table``), and writes the table (``actions.parquet``,
 :mod:`storage.action_table`) with its summary: how many actions roll the robot, and the farthest
 and the most turning ones.
 """
@@ -18,8 +18,8 @@ from prefect import task
 
 from pipeline.config import LoadedConfigs
 from pipeline.follow.actions import iteration_actions
-from pipeline.follow.motion import FORWARD
-from pipeline.follow.table import TabulatedActions, tabulate
+from pipeline.follow.motion import FORWARD, ActionTable
+from pipeline.follow.table import TabulatedActions, planning_table, tabulate
 from pipeline.gaits.ensemble import ensemble_params
 from pipeline.physics.engine import Engine
 from pipeline.physics.model import RobotModel
@@ -43,16 +43,21 @@ def run_actions(
     c = configs.pipeline.follow.table
     ensemble = ensemble_params(Params.from_robot(robot), c.ensemble_motor_speed, c.ensemble_friction)
     actions = iteration_actions(robot, read_found_gaits(gaits_ref), c.paper_actions)
-    tabulated = tabulate(engine, ensemble, robot, actions, configs.pipeline.redeploy.segment_timeout_s)
+    tabulated = tabulate(
+        engine, ensemble, robot, actions, configs.pipeline.redeploy.segment_timeout_s, c.starts, c.start_sigma_m
+    )
     stage_dir = RunLayout.of(configs).stage_dir(iteration, STAGE)
     stage_dir.mkdir(parents=True, exist_ok=True)
-    write_action_table(stage_dir / ACTIONS_FILE, tabulated, {"stage": STAGE, "ensemble": ensemble.batch_size})
-    summary = _summary(tabulated, ensemble.batch_size)
+    members = ensemble.batch_size + c.starts
+    write_action_table(stage_dir / ACTIONS_FILE, tabulated, {"stage": STAGE, "ensemble": members})
+    planner = configs.pipeline.follow.planner
+    summary = _summary(tabulated, members, planning_table(tabulated, planner.max_spread_m, planner.max_spread_deg))
     return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary
 
 
-def _summary(tabulated: TabulatedActions, members: int) -> dict[str, object]:
-    """Counts and the extremes of the actions rolling forward from face 0."""
+def _summary(tabulated: TabulatedActions, members: int, planning: ActionTable) -> dict[str, object]:
+    """Counts, the share of entries the planner may use, and the extremes of the actions rolling
+    forward from face 0."""
     table = tabulated.table
     forward = table.forward_m[:, 0, FORWARD]
     rotation = np.degrees(table.rotation_rad[:, 0, FORWARD])
@@ -63,6 +68,7 @@ def _summary(tabulated: TabulatedActions, members: int) -> dict[str, object]:
         "ensemble": members,
         "rolling_actions": int(rolls.sum()),
         "succeeded_share": float(tabulated.succeeded.mean()),
+        "usable_share": float(planning.usable.mean()),
         "farthest_action": table.names[farthest],
         "farthest_forward_m": float(forward[farthest]),
         "most_turning_action": table.names[turning],

@@ -40,6 +40,7 @@ from pipeline.follow.online import pose_after
 from pipeline.follow.paths import Path as FollowPath
 from pipeline.follow.paths import builtin, from_waypoints
 from pipeline.follow.planner import Follower, distances_to_path
+from pipeline.follow.table import planning_table
 from pipeline.hardware import make_robot
 from pipeline.hardware.base import CameraInfo, FramePacket, Packet, Robot, SensorPacket, StartPose
 from pipeline.plots import follow_plot
@@ -143,7 +144,8 @@ def run_follow(
     actions_ref = existing_ref(layout, iteration, "actions")
     gaits_ref = existing_ref(layout, iteration, "gaits")
     robot = attached_robot(configs, existing_ref(layout, attach_iteration(configs, iteration), "attach"))
-    table = read_action_table(Path(actions_ref.path) / ACTIONS_FILE)
+    tabulated = read_action_table(Path(actions_ref.path) / ACTIONS_FILE)
+    table = planning_table(tabulated, c.planner.max_spread_m, c.planner.max_spread_deg)
     actions = iteration_actions(robot, read_found_gaits(gaits_ref), c.table.paper_actions)
     if tuple(a.name for a in actions) != table.names:
         raise DataError(f"{actions_ref.path}: the action table does not list this iteration's actions; rerun actions")
@@ -172,7 +174,8 @@ def run_follow(
     placed = tracked["t"].to_numpy() >= run.placed_t  # the run proper, from the robot at the path's start
     caps = tracked[[f"cap{i}_{a}" for i in range(6) for a in "xy"]].to_numpy()[placed]
     track = caps.reshape(-1, 6, 2).mean(axis=1)
-    summary = _summary(path, frame, track, reason, time.perf_counter() - started, run.t_offset - run.placed_t)
+    wall_s, robot_s = time.perf_counter() - started, run.t_offset - run.placed_t
+    summary = _summary(path, frame, track, reason, wall_s, robot_s, c.corridor_m)
     atomic_write_bytes(folder / "follow.png", follow_plot(path.waypoints, track, f"follow {spec}: {reason}"))
     write_manifest(folder, STAGE, complete=True, summary=summary)
     return folder, summary
@@ -249,10 +252,17 @@ def _loop(
 
 
 def _summary(
-    path: FollowPath, steps: pd.DataFrame, track: np.ndarray, reason: str, wall_s: float, robot_s: float
+    path: FollowPath,
+    steps: pd.DataFrame,
+    track: np.ndarray,
+    reason: str,
+    wall_s: float,
+    robot_s: float,
+    corridor_m: float,
 ) -> dict[str, object]:
     """The run's figures: distance from the path (mean, max over the tracked run from the robot's
-    placement at the start), end-point error and progress (:func:`path_figures`), times (robot time
+    placement at the start), end-point error and progress (:func:`path_figures`, looking no farther
+    ahead than the corridor), times (robot time
     from the placement), actions, and the mean error per action of the table and of the planner's
     prediction (the table corrected online; position, m, and rotation, deg)."""
     nan = np.full(1, np.nan)
@@ -262,7 +272,7 @@ def _summary(
         "stopped": reason,
         "reached_end": reason == "end of path",
         "actions": len(steps),
-        **path_figures(path.waypoints, track),
+        **path_figures(path.waypoints, track, corridor_m),
         "robot_time_s": robot_s,
         "wall_s": wall_s,
         "table_error_m": float(table_position.mean()),

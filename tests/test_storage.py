@@ -43,7 +43,7 @@ def _meta(**kw):
 
 
 def test_trajectory_round_trip(tmp_path: Path) -> None:
-    df = _groundtruth()
+    df = _groundtruth().assign(target_4=1.5)  # a follow action's gait at 150 mm of range
     path = write_trajectory(tmp_path / "traj.parquet", df, _meta())
     back, meta = read_trajectory(path, expect_source="groundtruth")
     pd.testing.assert_frame_equal(back, df)
@@ -59,7 +59,8 @@ def test_trajectory_round_trip(tmp_path: Path) -> None:
         (lambda df: df.assign(cap0_x=df["cap0_x"].astype(np.float32)), "'cap0_x' must be float64"),
         (lambda df: df.assign(segment=df["segment"].astype(float)), "'segment' must be integer"),
         (lambda df: df.assign(t=df["t"][::-1].to_numpy()), "non-decreasing"),
-        (lambda df: df.assign(target_2=2.0), r"\[0, 1\]"),
+        (lambda df: df.assign(target_2=2.5), r"\[0, 2.0\]"),
+        (lambda df: df.assign(target_2=-0.1), r"\[0, 2.0\]"),
     ],
 )
 def test_trajectory_writer_rejects_bad_frames(tmp_path: Path, mutate, message: str) -> None:

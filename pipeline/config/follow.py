@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -13,11 +13,12 @@ from pipeline.config.base import Positive, StrictModel
 class PlannerConfig(StrictModel):
     """The depth-2 exhaustive search over the action table and its cost (:mod:`pipeline.follow.planner`).
     The Tribar paper's weights are not published in its text; these were chosen on the planner's
-    tests (a line, an arc and a triangle on a synthetic table, ``tests/test_follow.py``)."""
+    tests (a line, an arc and a triangle on a synthetic table, ``tests/test_follow.py``) and
+    offline on the twin's paths (docs/follow.md, *Planner*)."""
 
     depth: Annotated[int, Field(ge=1, le=3)] = Field(default=2, description="Actions looked ahead per replan.")
     distance_weight_per_m: Annotated[float, Field(ge=0)] = Field(
-        default=10.0, description="w_d: cost per metre of distance from the path's nearest waypoint."
+        default=20.0, description="w_d: cost per metre of distance from the path's nearest waypoint."
     )
     angle_weight_per_rad: Annotated[float, Field(ge=0)] = Field(
         default=1.0, description="w_a: cost per radian between the heading and the path's tangent there."
@@ -25,6 +26,12 @@ class PlannerConfig(StrictModel):
     progress_weight: Annotated[float, Field(ge=0)] = Field(
         default=4.0,
         description="w_p: cost of standing at the segment's start, falling linearly to 0 at its end.",
+    )
+    cost: Literal["final", "sum"] = Field(
+        default="sum",
+        description="What a sequence of actions costs: 'final', the cost of the pose it ends in (the Tribar "
+        "paper's); 'sum', the sum over the poses after each of its actions, which favours sequences that "
+        "make progress first (docs/follow.md).",
     )
     switch_radius_m: Positive = Field(
         default=0.27,
@@ -36,6 +43,14 @@ class PlannerConfig(StrictModel):
     )
     waypoint_spacing_m: Positive = Field(
         default=0.02, description="Segments are resampled to waypoints this far apart."
+    )
+    max_spread_m: Positive = Field(
+        default=0.03,
+        description="The planner leaves out a table entry whose members end farther apart than this (the root "
+        "sum of the forward and lateral std, m): an action on a tipping point.",
+    )
+    max_spread_deg: Positive = Field(
+        default=5.0, description="... or whose members turn the robot more differently than this (std, deg)."
     )
     correction_prior: Positive | None = Field(
         default=2.0,
@@ -58,6 +73,12 @@ class ActionTableConfig(StrictModel):
     )
     ensemble_friction: Annotated[float, Field(ge=0, lt=1)] = Field(
         default=0.0, description="The ensemble's frictions lower and higher by this fraction (0: none)."
+    )
+    starts: Annotated[int, Field(ge=0)] = Field(
+        default=3, description="The ensemble also runs each action from this many starts near rest (nominal values)."
+    )
+    start_sigma_m: Annotated[float, Field(ge=0)] = Field(
+        default=0.002, description="... those starts: Gaussian noise of this standard deviation on every end cap (m)."
     )
 
 

@@ -77,5 +77,5 @@ class Correction:
         seen = self.face_steps[:, None, :] >= 0
         next_face = np.where(seen, (faces + self.face_steps[:, None, :]) % t.faces, t.next_face)
         return ActionTable(
-            t.names, t.forward_m + r[..., 0], t.lateral_m + r[..., 1], t.rotation_rad + r[..., 2], next_face
+            t.names, t.forward_m + r[..., 0], t.lateral_m + r[..., 1], t.rotation_rad + r[..., 2], next_face, t.usable
         )

@@ -18,18 +18,28 @@ from pipeline.follow.motion import wrapped
 MOTIONS = ("forward_m", "lateral_m", "rotation_rad")
 
 
-def path_figures(waypoints: np.ndarray, track: np.ndarray) -> dict[str, float]:
-    """How a tracked centroid ``track`` (T, 2) kept to the path ``waypoints`` (n, 2), m: the mean
-    and max distance from the path's nearest waypoint, the end-point error, and the progress (the
-    share of the path's length up to the waypoint nearest the track's end)."""
-    distances = np.min(np.linalg.norm(track[:, None, :] - waypoints[None], axis=-1), axis=1)
-    nearest = int(np.argmin(np.linalg.norm(waypoints - track[-1], axis=1)))
+def progress_along(waypoints: np.ndarray, track: np.ndarray, lookahead_m: float) -> float:
+    """The share of the path ``waypoints`` (n, 2) a track ``track`` (T, 2) covered, m/m: its samples
+    matched in order to the nearest waypoint no more than ``lookahead_m`` along the path beyond the
+    last match (never back), so that a closed path's end is not taken for its start."""
     along = np.r_[0.0, np.cumsum(np.linalg.norm(np.diff(waypoints, axis=0), axis=1))]
+    i = 0
+    for point in track:
+        ahead = np.flatnonzero((along >= along[i]) & (along <= along[i] + lookahead_m))
+        i = int(ahead[np.argmin(np.linalg.norm(waypoints[ahead] - point, axis=1))])
+    return float(along[i] / along[-1])
+
+
+def path_figures(waypoints: np.ndarray, track: np.ndarray, lookahead_m: float) -> dict[str, float]:
+    """How a tracked centroid ``track`` (T, 2) kept to the path ``waypoints`` (n, 2), m: the mean
+    and max distance from the path's nearest waypoint, the end-point error, and the progress
+    (:func:`progress_along`)."""
+    distances = np.min(np.linalg.norm(track[:, None, :] - waypoints[None], axis=-1), axis=1)
     return {
         "mean_distance_m": float(distances.mean()),
         "max_distance_m": float(distances.max()),
         "end_error_m": float(np.linalg.norm(track[-1] - waypoints[-1])),
-        "progress": float(along[nearest] / along[-1]),
+        "progress": progress_along(waypoints, track, lookahead_m),
     }
 
 

@@ -23,19 +23,22 @@ FORWARD, REVERSE = 0, 1
 
 @dataclass(frozen=True)
 class ActionTable:
-    """Motion of each action (A,) from each face (F,) in each direction (2,): arrays (A, F, 2)."""
+    """Motion of each action (A,) from each face (F,) in each direction (2,): arrays (A, F, 2);
+    ``usable`` (A, F, 2) bool, the entries the planner may choose (None: all)."""
 
     names: tuple[str, ...]
     forward_m: np.ndarray
     lateral_m: np.ndarray
     rotation_rad: np.ndarray
     next_face: np.ndarray
+    usable: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         shape = (len(self.names), self.forward_m.shape[1], 2)
-        for name in ("forward_m", "lateral_m", "rotation_rad", "next_face"):
-            if getattr(self, name).shape != shape:
-                raise ValueError(f"ActionTable.{name}: shape {getattr(self, name).shape}, expected {shape}")
+        for name in ("forward_m", "lateral_m", "rotation_rad", "next_face", "usable"):
+            value = getattr(self, name)
+            if value is not None and value.shape != shape:
+                raise ValueError(f"ActionTable.{name}: shape {value.shape}, expected {shape}")
 
     @property
     def faces(self) -> int:

@@ -90,7 +90,8 @@ BUILTINS = {"line": (2.0,), "arc": (1.0, 180.0), "triangle": (1.5,)}
 
 def builtin(spec: str) -> np.ndarray | None:
     """The waypoints of a built-in path ``name[:size[:size]]`` (:data:`BUILTINS`), or None if
-    ``spec`` names none; :class:`ConfigError` for sizes that are not positive numbers."""
+    ``spec`` names none; :class:`ConfigError` for sizes that are not positive numbers (an arc's
+    sweep may be negative: clockwise)."""
     name, *sizes = spec.split(":")
     if name not in BUILTINS:
         return None
@@ -101,8 +102,9 @@ def builtin(spec: str) -> np.ndarray | None:
         values = [float(v) for v in sizes] + list(defaults[len(sizes) :])
     except ValueError:
         raise ConfigError(f"path {spec!r}: sizes must be numbers (m, deg)") from None
-    if not all(math.isfinite(v) and v > 0 for v in values):
-        raise ConfigError(f"path {spec!r}: sizes must be positive")
+    signed = {1} if name == "arc" else set()  # the arc's sweep: its sign is the sense it turns
+    if not all(math.isfinite(v) and (v != 0 if i in signed else v > 0) for i, v in enumerate(values)):
+        raise ConfigError(f"path {spec!r}: sizes must be positive (an arc's sweep: not zero)")
     if name == "line":
         return line(values[0])
     if name == "arc":

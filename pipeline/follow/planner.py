@@ -76,7 +76,13 @@ def plan(table: ActionTable, segment: np.ndarray, pose: Pose, face: int, directi
     y = np.array([pose.y_m])
     heading = np.array([pose.heading_rad])
     faces = np.array([face])
+    cost = np.zeros(1)
+    blocked = np.zeros(1, bool)  # a sequence with an entry the table marks unusable
+    flip = math.pi if direction == REVERSE else 0.0  # the heading the robot rolls along
+    actions = len(table.names)
     for _ in range(config.depth):  # every sequence so far (B,) times every action (A,): (B * A,)
+        if table.usable is not None:
+            blocked = np.repeat(blocked, actions) | ~table.usable[:, faces, direction].T.ravel()
         forward = table.forward_m[:, faces, direction].T
         lateral = table.lateral_m[:, faces, direction].T
         c, s = np.cos(heading)[:, None], np.sin(heading)[:, None]
@@ -84,10 +90,12 @@ def plan(table: ActionTable, segment: np.ndarray, pose: Pose, face: int, directi
         y = (y[:, None] + s * forward + c * lateral).ravel()
         heading = (heading[:, None] + table.rotation_rad[:, faces, direction].T).ravel()
         faces = table.next_face[:, faces, direction].T.ravel()
-    rolling = heading + (math.pi if direction == REVERSE else 0.0)
-    cost = path_cost(segment, x, y, rolling, config)
+        here = path_cost(segment, x, y, heading + flip, config)
+        cost = here if config.cost == "final" else np.repeat(cost, actions) + here
+    if table.usable is not None and not blocked.all():
+        cost = np.where(blocked, np.inf, cost)
     best = int(np.argmin(cost))
-    first = best // len(table.names) ** (config.depth - 1)
+    first = best // actions ** (config.depth - 1)
     final = Pose(float(x[best]), float(y[best]), float(heading[best]))
     return Step(first, pose.moved(*table.motion(first, face, direction)), final, float(cost[best]))
 

@@ -11,6 +11,7 @@ as the Tribar paper tabulates its actions in its simulator.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 from pipeline.config import RobotConfig
 from pipeline.follow.actions import Action, on_face
 from pipeline.follow.motion import ActionTable
+from pipeline.gaits.ensemble import perturbed_starts
 from pipeline.gaits.outcome import simulate_targets
 from pipeline.gaits.symmetry import FACES, support_triangle
 from pipeline.physics.engine import Engine, State
@@ -48,12 +50,41 @@ def face_starts(engine: Engine, params: Params, robot: RobotConfig) -> State:
     return settle(engine, params, state, robot.pid, torch.ones(6), duration_s=1.0)
 
 
+def members(
+    engine: Engine, ensemble: Params, robot: RobotConfig, starts: int, start_sigma_m: float, seed: int = 0
+) -> tuple[Params, State]:
+    """The ensemble's members on each face, face-major (F * M environments, M = K + ``starts``):
+    on face f, the K parameter sets of ``ensemble`` (the nominal first) from rest, then the nominal
+    set from ``starts`` starts near that rest (end caps moved by ``start_sigma_m``, m, and settled)."""
+    faces, k = len(FACES), ensemble.batch_size
+    rests = face_starts(engine, Params.concat([ensemble] * faces), robot)
+    nominal = Params(**{name: value[:1] for name, value in ensemble.as_dict().items()})
+    params, states = [], []
+    for face in range(faces):
+        params.append(ensemble)
+        states.append(rests.index(slice(face * k, (face + 1) * k)))
+        if starts:
+            rest = rests.index(slice(face * k, face * k + 1))
+            params.append(nominal.expand(starts))
+            states.append(perturbed_starts(engine, nominal, robot, rest, starts, start_sigma_m, seed + face))
+    return Params.concat(params), State.concat(states)
+
+
 def tabulate(
-    engine: Engine, ensemble: Params, robot: RobotConfig, actions: list[Action], timeout_s: float
+    engine: Engine,
+    ensemble: Params,
+    robot: RobotConfig,
+    actions: list[Action],
+    timeout_s: float,
+    starts: int = 0,
+    start_sigma_m: float = 0.0,
 ) -> TabulatedActions:
-    """Simulate every action x face x direction x ensemble member (``ensemble``: E environments)
-    and tabulate it (module docstring); each target is held at most ``timeout_s``."""
-    faces, members = len(FACES), ensemble.batch_size
+    """Simulate every action x face x direction x member (:func:`members`: the K parameter sets of
+    ``ensemble``, then ``starts`` perturbed starts) and tabulate it (module docstring); each
+    target is held at most ``timeout_s``."""
+    faces = len(FACES)
+    member_params, member_starts = members(engine, ensemble, robot, starts, start_sigma_m)
+    count = ensemble.batch_size + starts
     length = max(len(a.targets) for a in actions)
     runs = []
     for action in actions:
@@ -61,14 +92,12 @@ def tabulate(
             for direction in (False, True):
                 targets = on_face(action, robot, face, direction)
                 runs.append(np.vstack([targets, np.repeat(REST_TARGET[None], length - len(targets), 0)]))
-    targets = np.repeat(np.stack(runs), members, axis=0)  # (A * F * 2 * E, n, 6), the members innermost
-    starts = face_starts(engine, Params.concat([ensemble] * faces), robot)  # environment f * E + m
+    targets = np.repeat(np.stack(runs), count, axis=0)  # (A * F * 2 * M, n, 6), the members innermost
     run = np.arange(len(targets))
-    member = torch.as_tensor(run % members)
-    face = torch.as_tensor((run // (2 * members)) % faces)
-    params = Params(**{name: value[member] for name, value in ensemble.as_dict().items()})
-    outcome = simulate_targets(engine, params, robot, starts.index(face * members + member), targets, timeout_s)
-    shape = (len(actions), faces, 2, members)
+    env = torch.as_tensor((run // (2 * count)) % faces * count + run % count)  # face f, member m: f * M + m
+    params = Params(**{name: value[env] for name, value in member_params.as_dict().items()})
+    outcome = simulate_targets(engine, params, robot, member_starts.index(env), targets, timeout_s)
+    shape = (len(actions), faces, 2, count)
 
     def grid(values: np.ndarray) -> np.ndarray:
         return np.asarray(values, float).reshape(shape)
@@ -81,3 +110,12 @@ def tabulate(
     )
     succeeded = np.asarray(outcome.succeeded).reshape(shape).all(-1)
     return TabulatedActions(table, forward.std(-1), lateral.std(-1), rotation.std(-1), succeeded)
+
+
+def planning_table(tabulated: TabulatedActions, max_spread_m: float, max_spread_deg: float) -> ActionTable:
+    """The mean table with ``usable`` set where every member succeeded and the members agree: the
+    spread of the end position (the root sum of the forward and lateral std) at most
+    ``max_spread_m`` (m), of the rotation at most ``max_spread_deg`` (deg)."""
+    position = np.hypot(tabulated.forward_std_m, tabulated.lateral_std_m)
+    agree = (position <= max_spread_m) & (np.degrees(tabulated.rotation_std_rad) <= max_spread_deg)
+    return dataclasses.replace(tabulated.table, usable=tabulated.succeeded & agree)
