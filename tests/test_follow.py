@@ -370,3 +370,22 @@ def test_a_short_line_closed_loop_on_the_twin_with_the_pose_from_tracking(tmp_pa
     last = steps.iloc[-1]
     gap = math.hypot(last["observed_x_m"] - truth[0], last["observed_y_m"] - truth[1])
     assert 0 < gap < 0.02
+
+
+def test_the_table_is_simulated_in_the_learned_engine_only_when_configured(tmp_path) -> None:
+    """``engine.contact: analytic`` tabulates in the identified analytic engine at the gait search's
+    step; ``learned`` in the hybrid engine with the learn stage's network; ``learned`` without a
+    learn output is refused."""
+    from pipeline.config import load_all
+    from pipeline.learned.engine import LearnedEngine
+    from tasks.actions import table_engine
+    from tests.conftest import empty_overlays, write_test_pipeline
+
+    configs = load_all(write_test_pipeline(tmp_path, campaign="table", n_targets=1))
+    learn = empty_overlays(configs, 1)["learn"]
+    analytic = table_engine(configs, configs.robot, learn)
+    assert not isinstance(analytic, LearnedEngine) and analytic.dt == configs.pipeline.gaits.search.dt_s
+    learned_configs = configs.updated({"pipeline.engine.contact": "learned"})
+    assert isinstance(table_engine(learned_configs, configs.robot, learn), LearnedEngine)
+    with pytest.raises(ValueError, match="no learn stage output"):
+        table_engine(learned_configs, configs.robot, None)
