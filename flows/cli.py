@@ -139,13 +139,15 @@ def rerun(
     The hardware never runs again unless --recollect is given: the recording is kept, and
     redeploy and evaluate (which need the robot to run the new gaits) are left stale.
     """
+    overrides = parse_overrides(set_)
+    _load(config, overrides)  # before flows.stages imports Prefect: its home is the runs folder's
     from flows.stages import hardware_stages, stage_names
 
     if stage not in stage_names():
         raise ConfigError(f"rerun {stage!r}: unknown stage; expected one of {', '.join(stage_names())}")
     if stage in hardware_stages() and not recollect:
         raise ConfigError(f"rerun {stage}: this stage drives the hardware; pass --recollect to run it again")
-    _run_iteration(config, iteration, parse_overrides(set_), None, [stage], recollect)
+    _run_iteration(config, iteration, overrides, None, [stage], recollect)
 
 
 @app.command()

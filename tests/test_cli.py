@@ -158,3 +158,37 @@ def test_compare_of_a_campaign_without_runs_says_so_and_creates_nothing(tmp_path
     message = " ".join(result.stderr.split())
     assert result.returncode == 2 and "campaign 'nosuch' has no runs" in message and "Traceback" not in message
     assert not (tmp_path / "runs").exists()
+
+
+RUN_ITERATION_PROBE = """
+import sys
+from typer.testing import CliRunner
+from flows import cli
+
+def probe(*args, **kwargs):
+    from flows.caching import result_storage
+    print(result_storage())
+
+cli._run_iteration = probe
+result = CliRunner().invoke(cli.app, ["rerun", "gaits", "--set", "runs_dir=" + sys.argv[1]])
+print(result.output, end="")
+"""
+
+
+def test_rerun_looks_up_the_campaigns_cache_in_its_runs_folder(tmp_path: Path) -> None:
+    """In a shell with no ``PREFECT_HOME``, ``r2s2r rerun`` must reach the iteration with Prefect's
+    results stored in the runs folder (where ``campaign`` and ``iterate`` keep them), not in
+    Prefect's default home: there it would find no cached stage and recompute them all. The
+    iteration itself is replaced by a probe that prints where Prefect stores its results."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    runs = tmp_path / "runs"
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_ITERATION_PROBE, str(runs)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str(runs / ".prefect" / "storage")
