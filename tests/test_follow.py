@@ -389,3 +389,28 @@ def test_the_table_is_simulated_in_the_learned_engine_only_when_configured(tmp_p
     assert isinstance(table_engine(learned_configs, configs.robot, learn), LearnedEngine)
     with pytest.raises(ValueError, match="no learn stage output"):
         table_engine(learned_configs, configs.robot, None)
+
+
+def test_an_action_that_does_next_to_nothing_is_left_out_so_a_corner_is_turned() -> None:
+    """At a 90 deg corner with a roll, a turn in place that shifts the robot 7 cm, and a creep
+    that turns it 1 deg and does not move it: the search, blind to time, picks the creep (it
+    costs nothing and spoils nothing) and would pick it again and again; with the creep below
+    ``min_step_m`` and ``min_turn_deg`` (:func:`moving`) it turns in place."""
+    from pipeline.follow.planner import Follower
+
+    names = ("roll", "turn", "creep")
+    motion = [(0.2, 0.0, -0.05, 1), (-0.07, 0.07, math.radians(15), 0), (0.0, 0.0, math.radians(1), 0)]
+    shape = (3, 3, 2)
+    columns = [np.zeros(shape) for _ in range(3)]
+    next_face = np.zeros(shape, int)
+    for a, (forward, lateral, rotation, rolls) in enumerate(motion):
+        for face in range(3):
+            for column, value in zip(columns, (forward, lateral, rotation), strict=True):
+                column[a, face] = value
+            next_face[a, face] = (face + rolls) % 3
+    table = ActionTable(names, *columns, next_face)
+    path = _path(np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0]]))
+    at_corner = Pose(1.0, 0.0, 0.0)
+    blind = CONFIG.model_copy(update={"min_step_m": 0.0, "min_turn_deg": 0.0})
+    assert names[Follower(table, path, blind, END_M).step(at_corner, 0).action] == "creep"
+    assert names[Follower(table, path, CONFIG, END_M).step(at_corner, 0).action] == "turn"

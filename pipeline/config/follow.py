@@ -52,6 +52,16 @@ class PlannerConfig(StrictModel):
     max_spread_deg: Positive = Field(
         default=5.0, description="... or whose members turn the robot more differently than this (std, deg)."
     )
+    min_step_m: Annotated[float, Field(ge=0)] = Field(
+        default=0.02,
+        description="The planner leaves out an entry predicted (after the online correction) to move the robot "
+        "less than this (m) ...",
+    )
+    min_turn_deg: Annotated[float, Field(ge=0)] = Field(
+        default=3.0,
+        description="... and turn it less than this (deg): a gait cycle spent for nothing, which the search, "
+        "blind to time, would otherwise repeat while the path waits.",
+    )
     correction_prior: Positive | None = Field(
         default=2.0,
         description="Correct the table online from the motions observed in the run, each action's mean "

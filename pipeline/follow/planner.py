@@ -23,6 +23,7 @@ Everything here is pure (numpy); :func:`follow_table` runs the loop on a table's
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -100,6 +101,17 @@ def plan(table: ActionTable, segment: np.ndarray, pose: Pose, face: int, directi
     return Step(first, pose.moved(*table.motion(first, face, direction)), final, float(cost[best]))
 
 
+def moving(table: ActionTable, min_step_m: float, min_turn_rad: float) -> ActionTable:
+    """``table`` with ``usable`` cleared where an entry moves the robot less than ``min_step_m``
+    (m) and turns it less than ``min_turn_rad`` (rad): a gait cycle for nothing. Every depth-limited
+    search is blind to time: it would pick such an action (it costs nothing and spoils nothing)
+    turn after turn where every useful action costs something first, as at a corner, where
+    a turn in place that shifts the robot by a few centimetres is what gets it round."""
+    still = (np.hypot(table.forward_m, table.lateral_m) < min_step_m) & (np.abs(table.rotation_rad) < min_turn_rad)
+    usable = ~still if table.usable is None else table.usable & ~still
+    return dataclasses.replace(table, usable=usable)
+
+
 def rolling_direction(segment: np.ndarray, heading_rad: float) -> int:
     """:data:`FORWARD` if the heading points along ``segment``'s first leg, else :data:`REVERSE`."""
     u = segment[1] - segment[0]
@@ -141,8 +153,11 @@ class Follower:
         return self._passed(pose) or self._to_end_m(pose) <= self.config.switch_radius_m
 
     def planning_table(self) -> ActionTable:
-        """The table the planner searches: the corrected one where there is a correction."""
-        return self.table if self.correction is None else self.correction.applied()
+        """The table the planner searches: the corrected one where there is a correction, without
+        the entries that move the robot less than ``min_step_m`` and turn it less than
+        ``min_turn_deg`` (:func:`moving`)."""
+        table = self.table if self.correction is None else self.correction.applied()
+        return moving(table, self.config.min_step_m, math.radians(self.config.min_turn_deg))
 
     def step(self, pose: Pose, face: int) -> Step | None:
         """The next action from ``pose`` on ``face``; moves to the next segment (choosing the
