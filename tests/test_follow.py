@@ -414,3 +414,26 @@ def test_an_action_that_does_next_to_nothing_is_left_out_so_a_corner_is_turned()
     blind = CONFIG.model_copy(update={"min_step_m": 0.0, "min_turn_deg": 0.0})
     assert names[Follower(table, path, blind, END_M).step(at_corner, 0).action] == "creep"
     assert names[Follower(table, path, CONFIG, END_M).step(at_corner, 0).action] == "turn"
+
+
+def test_the_summed_cost_makes_progress_first_where_the_final_pose_alone_cannot_tell() -> None:
+    """A roll 0.4 m forward (usable from face 0 only, so once per sequence here) and a shuffle 3 cm
+    to the left, from 3 cm right of a line: they commute, so both orders end in the same pose,
+    and costed by the final pose alone (the paper's ``final``) the search cannot tell them apart
+    and takes the first it meets, the shuffle; the summed cost prefers the order that makes
+    progress first, the roll. Near a path's end, the final pose alone let the robot put off
+    rolling replan after replan."""
+    names = ("shuffle", "roll")
+    shape = (2, 3, 2)
+    forward, lateral, rotation = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    forward[1], lateral[0] = 0.4, 0.03
+    next_face = np.zeros(shape, int)
+    next_face[1] = (np.arange(3)[:, None] + 1) % 3
+    usable = np.ones(shape, bool)
+    usable[1, 1:] = False
+    table = ActionTable(names, forward, lateral, rotation, next_face, usable)
+    segment = _path(line(2.0)).segments[0]
+    pose = Pose(0.2, -0.03, 0.0)
+    final = CONFIG.model_copy(update={"cost": "final"})
+    assert names[plan(table, segment, pose, 0, FORWARD, final).action] == "shuffle"
+    assert names[plan(table, segment, pose, 0, FORWARD, CONFIG).action] == "roll"
