@@ -315,6 +315,11 @@ def principal_axis(caps_m: np.ndarray) -> np.ndarray:
     return axis / np.linalg.norm(axis, axis=-1, keepdims=True)
 
 
+def wrapped_rad(angle_rad: float | np.ndarray) -> float | np.ndarray:
+    """``angle_rad`` (rad) wrapped to [-pi, pi)."""
+    return (angle_rad + np.pi) % (2 * np.pi) - np.pi
+
+
 def heading_rad(caps_m: np.ndarray) -> np.ndarray:
     """Heading (...,) in rad: the principal axis projected on the ground, rotated +90 deg about z."""
     axis = principal_axis(caps_m)

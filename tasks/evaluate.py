@@ -29,7 +29,7 @@ from pipeline.metrics import motion_in_start_frame
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.rollout import settle, state_from_caps
 from pipeline.plots import replay_paths
-from pipeline.robot_model import heading_rad
+from pipeline.robot_model import heading_rad, wrapped_rad
 from pipeline.truth import truth_errors
 from storage.catalog import GAP_FILE, SUMMARY_FILE, attached_robot, identified_robot, learned_engine
 from storage.files import atomic_write_bytes
@@ -46,7 +46,7 @@ parameters."""
 
 
 def _wrap_deg(angle_rad: float) -> float:
-    return math.degrees((angle_rad + math.pi) % (2 * math.pi) - math.pi)
+    return math.degrees(wrapped_rad(angle_rad))
 
 
 def replay_runs(

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.follow.motion import ActionTable, wrapped
+from pipeline.follow.motion import ActionTable
+from pipeline.robot_model import wrapped_rad
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Correction:
         """The robot did ``motion`` (forward m, lateral m, rotation rad) and ended on ``end_face``
         when it ran ``action`` from ``face`` in ``direction``."""
         residual = np.subtract(motion, self.table.motion(action, face, direction))
-        residual[2] = wrapped(residual[2])
+        residual[2] = wrapped_rad(residual[2])
         self.sums[action, direction] += residual
         self.counts[action, direction] += 1
         self.face_steps[action, direction] = (end_face - face) % self.table.faces

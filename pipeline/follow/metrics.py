@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.follow.motion import wrapped
+from pipeline.robot_model import wrapped_rad
 
 MOTIONS = ("forward_m", "lateral_m", "rotation_rad")
 
@@ -52,7 +52,7 @@ def prediction_errors(steps: pd.DataFrame, source: str = "table") -> tuple[np.nd
         steps["observed_forward_m"] - steps[f"{source}_forward_m"],
         steps["observed_lateral_m"] - steps[f"{source}_lateral_m"],
     ).to_numpy()
-    return position, np.abs(wrapped(steps["observed_rotation_rad"] - steps[f"{source}_rotation_rad"]).to_numpy())
+    return position, np.abs(wrapped_rad(steps["observed_rotation_rad"] - steps[f"{source}_rotation_rad"]).to_numpy())
 
 
 def action_errors(steps: pd.DataFrame) -> pd.DataFrame:

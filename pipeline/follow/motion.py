@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.gaits.symmetry import bottom_face
-from pipeline.robot_model import heading_rad
+from pipeline.robot_model import heading_rad, wrapped_rad
 
 FORWARD, REVERSE = 0, 1
 
@@ -75,12 +75,7 @@ class Pose:
         inverse of :meth:`moved`, the rotation wrapped to [-pi, pi)."""
         dx, dy = after.x_m - self.x_m, after.y_m - self.y_m
         c, s = math.cos(self.heading_rad), math.sin(self.heading_rad)
-        return c * dx + s * dy, -s * dx + c * dy, wrapped(after.heading_rad - self.heading_rad)
-
-
-def wrapped(angle_rad: float | np.ndarray) -> float | np.ndarray:
-    """``angle_rad`` wrapped to [-pi, pi)."""
-    return (angle_rad + math.pi) % (2 * math.pi) - math.pi
+        return c * dx + s * dy, -s * dx + c * dy, float(wrapped_rad(after.heading_rad - self.heading_rad))
 
 
 def observed(caps_m: np.ndarray) -> tuple[Pose, int]:

@@ -3,7 +3,7 @@
 After each action the robot holds its rest shape; :func:`pose_after` tracks the last frames of the
 action (the camera tracker, :class:`pipeline.perception.tracker.CapTracker`, locks onto the
 robot from scratch on the first of them) against the action's own cable readings, and returns the
-pose and bottom face of the last tracked frame (:func:`pipeline.follow.planner.observed`): what the
+pose and bottom face of the last tracked frame (:func:`pipeline.follow.motion.observed`): what the
 Tribar paper's tracking service gives its planner, never the twin's ground truth.
 """
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.errors import ConfigError
+from pipeline.robot_model import wrapped_rad
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def from_waypoints(waypoints: np.ndarray, corner_deg: float, spacing_m: float, n
         raise ConfigError(f"{name}: a path needs at least two distinct waypoints, got {len(points)}")
     legs = np.diff(points, axis=0)
     angles = np.arctan2(legs[:, 1], legs[:, 0])
-    turns = np.abs((np.diff(angles) + np.pi) % (2 * np.pi) - np.pi)
+    turns = np.abs(wrapped_rad(np.diff(angles)))
     cuts = [0, *(i + 1 for i in np.flatnonzero(turns > math.radians(corner_deg))), len(points) - 1]
     return Path(tuple(_resample(points[a : b + 1], spacing_m) for a, b in itertools.pairwise(cuts)))
 

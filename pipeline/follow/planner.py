@@ -33,6 +33,7 @@ from pipeline.config.follow import PlannerConfig
 from pipeline.follow.correction import Correction
 from pipeline.follow.motion import FORWARD, REVERSE, ActionTable, Pose
 from pipeline.follow.paths import Path
+from pipeline.robot_model import wrapped_rad
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def path_cost(
     tangent = np.diff(segment, axis=0)
     tangent = np.vstack([tangent, tangent[-1:]])[i]
     distance = np.hypot(x - segment[i, 0], y - segment[i, 1])
-    angle = np.abs((heading - np.arctan2(tangent[..., 1], tangent[..., 0]) + np.pi) % (2 * np.pi) - np.pi)
+    angle = np.abs(wrapped_rad(heading - np.arctan2(tangent[..., 1], tangent[..., 0])))
     progress = (n - 1 - i) / (n - 1)
     return (
         config.distance_weight_per_m * distance
@@ -217,14 +218,7 @@ def follow_table(
         if step is None:
             return FollowResult(poses, faces, actions, directions, True)
         a, d = step.action, follower.direction
-        before, pose = (
-            pose,
-            pose.moved(
-                float(motion.forward_m[a, face, d]),
-                float(motion.lateral_m[a, face, d]),
-                float(motion.rotation_rad[a, face, d]),
-            ),
-        )
+        before, pose = pose, pose.moved(*motion.motion(a, face, d))
         follower.observe(a, face, before, pose, int(motion.next_face[a, face, d]))
         face = int(motion.next_face[a, face, d])
         poses.append(pose)

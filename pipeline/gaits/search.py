@@ -62,7 +62,7 @@ from pipeline.gaits.outcome import Outcome, simulate_targets
 from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
 from pipeline.policies import feasible_target
-from pipeline.robot_model import N_ACTUATED, heading_rad
+from pipeline.robot_model import N_ACTUATED, heading_rad, wrapped_rad
 
 OBJECTIVES = ("forward", "backward", "ccw", "cw")
 """What the search maximises: forward / backward CoM displacement along the start heading,
@@ -209,10 +209,6 @@ def _index_state(state: State, rows: np.ndarray) -> State:
     return state.index(torch.as_tensor(rows, dtype=torch.long))
 
 
-def _wrap(angle: np.ndarray) -> np.ndarray:
-    return (angle + np.pi) % (2 * np.pi) - np.pi
-
-
 class GaitSearch:
     """The search of ``config`` in ``engine`` with ``params`` (one environment) from ``start``
     (one environment, at rest on face 0)."""
@@ -257,7 +253,7 @@ class GaitSearch:
         first = outcome.trace.caps_m[:, 0].numpy()
         last = self.engine.cap_positions(outcome.final).numpy()
         com = frontier.com_m[parent] + last.mean(1)[:, :2] - first.mean(1)[:, :2]
-        turn = frontier.turn_rad[parent] + _wrap(heading_rad(last) - heading_rad(first))
+        turn = frontier.turn_rad[parent] + wrapped_rad(heading_rad(last) - heading_rad(first))
         paths = np.concatenate([frontier.paths[parent], shape[:, None]], axis=1)
         finite = np.isfinite(last).all(axis=(1, 2)) & np.isfinite(first).all(axis=(1, 2))
         return _Frontier(paths, outcome.final, com, turn), outcome.succeeded & finite, outcome.collapsed
