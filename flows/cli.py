@@ -24,6 +24,7 @@ from rich.table import Table
 
 from pipeline.config import LoadedConfigs, load_all
 from pipeline.errors import ConfigError, DataError, R2S2RError
+from pipeline.hardware.protocol import PROTOCOL_VERSION
 from storage.layout import RunLayout
 
 app = typer.Typer(
@@ -311,6 +312,67 @@ def follow(
     folder, summary = follow_and_log(configs, iteration, path)
     Console().print(_summary_table(f"follow {path}: {configs.pipeline.campaign} iteration {iteration}", summary))
     Console().print(f"recorded in {folder}")
+
+
+@app.command("serve-twin")
+@user_errors
+def serve_twin(
+    config: ConfigOption = DEFAULT_CONFIG,
+    port: Annotated[int, typer.Option(min=1, max=65534, help="Command port; telemetry on PORT + 1.")] = 5555,
+    host: Annotated[str, typer.Option(help="Address to bind (another than 127.0.0.1 opens it to the network).")] = (
+        "127.0.0.1"
+    ),
+    speed: Annotated[
+        float, typer.Option(min=0, help="Robot seconds per wall second; 1 runs in real time as a robot, 0 unpaced.")
+    ] = 1.0,
+    watchdog_s: Annotated[float, typer.Option(min=0.1, help="Stop a run when the client is silent this long (s).")] = 5,
+    truth: Annotated[bool, typer.Option(help="Stream the simulator's ground truth (--no-truth: as a real robot).")] = (
+        True
+    ),
+    drop_at_s: Annotated[
+        float | None, typer.Option(help="Fault: close the link this long after the first run starts (s).")
+    ] = None,
+    drop_for_s: Annotated[float, typer.Option(min=0, help="Fault: ... for this long (s).")] = 2.0,
+    delay_s: Annotated[float, typer.Option(min=0, help="Fault: delay every message by this much (s).")] = 0.0,
+    loss: Annotated[float, typer.Option(min=0, max=1, help="Fault: lose this share of the messages.")] = 0.0,
+    reorder: Annotated[
+        float, typer.Option(min=0, max=1, help="Fault: hold back this share of the messages 50 ms (out of order).")
+    ] = 0.0,
+    protocol_version: Annotated[
+        int, typer.Option(help="Fault: speak this protocol version instead of the current one.")
+    ] = PROTOCOL_VERSION,
+    set_: SetOption = None,
+) -> None:
+    """Serve the MuJoCo twin of the config's hardware_config over the robot protocol
+    (docs/robot-protocol.md) until Ctrl-C or SIGTERM: a campaign with hardware_backend: network
+    runs on it as on a robot. The fault options put a bad network between the two, for testing."""
+    import logging
+
+    from pipeline.hardware.server import TwinServer, WireFaults
+    from pipeline.hardware.twin import MujocoTwin
+
+    configs = load_all(config, parse_overrides(set_))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    faults = WireFaults(drop_at_s=drop_at_s, drop_for_s=drop_for_s, delay_s=delay_s, loss=loss, reorder=reorder)
+    server = TwinServer(
+        MujocoTwin(configs.robot, configs.twin),
+        host=host,
+        port=port,
+        speed=speed,
+        watchdog_s=watchdog_s,
+        faults=faults,
+        version=protocol_version,
+        truth=truth,
+    )
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.serve(lambda: stopping)
 
 
 @app.command()

@@ -3,8 +3,10 @@
 A :class:`Recording` routes :class:`~pipeline.hardware.base.SensorPacket` to the
 ``hardware`` trajectory, :class:`~pipeline.hardware.base.GroundTruthPacket` to the
 ``groundtruth`` trajectory and :class:`~pipeline.hardware.base.FramePacket` to the
-frames file. Data are flushed to part files every ``checkpoint_every_s`` of robot
-time; :meth:`Recording.close` merges them and marks the files complete or not.
+frames file; a :class:`~pipeline.hardware.base.GapPacket` (telemetry lost on the way from a
+networked robot) is listed in both trajectories' metadata (``gaps``). Data are flushed to part
+files every ``checkpoint_every_s`` of robot time; :meth:`Recording.close` merges them and marks the
+files complete or not.
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.config import LoadedConfigs, config_hash
 from pipeline.errors import DataError
-from pipeline.hardware.base import CameraInfo, FramePacket, GroundTruthPacket, Packet, Robot, SensorPacket, StartPose
+from pipeline.hardware.base import (
+    CameraInfo,
+    FramePacket,
+    GapPacket,
+    GroundTruthPacket,
+    Packet,
+    Robot,
+    SensorPacket,
+    StartPose,
+)
 from pipeline.policies import Policy
 from storage.files import atomic_write_bytes, atomic_write_json
 from storage.frames import FRAMES_SCHEMA, FRAMES_SCHEMA_VERSION, encode_frame, first_frame_png
@@ -68,6 +79,7 @@ class Recording:
     n_truth: int = 0
     n_frames: int = 0
     last_t_s: float = 0.0
+    gaps: list[dict[str, float]] = field(default_factory=list)
     _next_checkpoint: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
@@ -133,6 +145,10 @@ class Recording:
             row.update(zip(ROD_QUAT_COLS, map(float, packet.rod_quat.ravel()), strict=True))
             self._truth.append(row)
             self.n_truth += 1
+        elif isinstance(packet, GapPacket):
+            self.gaps.append({"t_start_s": packet.t_start_s, "t_end_s": packet.t_end_s, "missing": packet.missing})
+            for writer in (self._hardware, self._truth):
+                writer.meta["gaps"] = list(self.gaps)
         elif isinstance(packet, FramePacket):
             if self._frames is None:
                 raise ValueError("frame packet received but the recording has no camera")

@@ -127,6 +127,6 @@ def recover_parts(final_path: Path) -> Path | None:
     if final_path.is_file() and read_meta(final_path).get("merged_parts") == [p.name for p in parts]:
         _remove_parts(final_path)
         return final_path
-    meta = read_meta(parts[0])
+    meta = read_meta(parts[-1])  # the newest part's: what the writer knew last (e.g. gaps)
     schema = pq.read_schema(parts[0]).remove_metadata()
     return merge_parts(final_path, schema, {**meta, "complete": False})

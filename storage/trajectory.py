@@ -60,6 +60,16 @@ Source = Literal["hardware", "groundtruth", "tracked", "sim"]
 UNITS = {"t": "s", "cable": "m", "cap": "m", "rod_position": "m", "motor": "rad", "target": "1", "control": "1"}
 
 
+class Gap(BaseModel):
+    """Samples lost on the way from a networked robot (``docs/robot-protocol.md``): ``missing``
+    messages between robot times ``t_start_s`` and ``t_end_s`` (s), the last sample before the gap
+    and the first after it. The samples around a gap are kept as they came, never interpolated."""
+
+    t_start_s: float
+    t_end_s: float
+    missing: int = Field(ge=1)
+
+
 class TrajectoryMeta(BaseModel):
     """Schema metadata every trajectory file carries."""
 
@@ -76,6 +86,7 @@ class TrajectoryMeta(BaseModel):
     complete: bool
     control_recorded: bool = True
     segment_timeout_s: float | None = Field(default=None, gt=0)
+    gaps: list[Gap] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _control_only_optional_for_hardware(self) -> TrajectoryMeta:

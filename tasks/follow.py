@@ -42,7 +42,16 @@ from pipeline.follow.paths import builtin, from_waypoints
 from pipeline.follow.planner import Follower, distances_to_path
 from pipeline.follow.table import planning_table
 from pipeline.hardware import make_robot
-from pipeline.hardware.base import CameraInfo, FramePacket, Packet, Robot, SensorPacket, StartPose
+from pipeline.hardware.base import (
+    CameraInfo,
+    FramePacket,
+    GapPacket,
+    GroundTruthPacket,
+    Packet,
+    Robot,
+    SensorPacket,
+    StartPose,
+)
 from pipeline.plots import follow_plot
 from pipeline.policies import Policy
 from pipeline.robot_model import REST_TARGET
@@ -91,6 +100,8 @@ def _shifted(packet: Packet, t_offset: float, segment_offset: int) -> Packet:
     """``packet`` on the follow run's clock and segment count (each action starts both at 0)."""
     if isinstance(packet, FramePacket):
         return dataclasses.replace(packet, t_s=packet.t_s + t_offset)
+    if isinstance(packet, GapPacket):
+        return GapPacket(packet.t_start_s + t_offset, packet.t_end_s + t_offset, packet.missing)
     return dataclasses.replace(packet, t_s=packet.t_s + t_offset, segment=packet.segment + segment_offset)
 
 
@@ -114,7 +125,7 @@ class _Run:
                 frames.append(packet)
             elif isinstance(packet, SensorPacket):
                 sensors.append(packet)
-            if not isinstance(packet, FramePacket):
+            if isinstance(packet, SensorPacket | GroundTruthPacket):
                 last_t = max(last_t, packet.t_s)
             self.recording.add(_shifted(packet, self.t_offset, self.segments))
         self.t_offset += last_t + self.tick_s

@@ -24,6 +24,7 @@ from pipeline.config.loading import (
     load_yaml,
     robot_with_overlay,
 )
+from pipeline.config.network import NetworkConfig
 from pipeline.config.robot import (
     ActuatedCableConfig,
     AttachmentConfig,
@@ -98,6 +99,7 @@ __all__ = [
     "LearnConfig",
     "LoadedConfigs",
     "MotorConfig",
+    "NetworkConfig",
     "NonNegative",
     "PIDConfig",
     "ParameterSearchConfig",

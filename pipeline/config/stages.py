@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from pipeline.config.base import Fraction, Positive, StrictModel
 from pipeline.config.follow import FollowConfig
 from pipeline.config.learned import LearnConfig
+from pipeline.config.network import NetworkConfig
 from pipeline.config.sysid import SysidConfig
 
 
@@ -220,8 +221,12 @@ class PipelineConfig(StrictModel):
     )
     runs_dir: Path
     robot_config: Path
-    hardware_backend: Literal["twin"]
+    hardware_backend: Literal["twin", "network"] = Field(
+        description="'twin': the MuJoCo twin in this process; 'network': a robot (or `r2s2r serve-twin`) over the "
+        "robot protocol at network.host:network.port (docs/robot-protocol.md)."
+    )
     hardware_config: Path
+    network: NetworkConfig = NetworkConfig()
     collect: CollectConfig
     track: TrackConfig = TrackConfig()
     attach: AttachConfig = AttachConfig()

@@ -7,9 +7,14 @@ from pipeline.hardware.base import Robot
 
 
 def make_robot(configs: LoadedConfigs) -> Robot:
-    """The backend named by ``pipeline.hardware_backend`` (only ``twin`` exists so far)."""
+    """The backend named by ``pipeline.hardware_backend``: the in-process twin, or the robot at
+    ``pipeline.network`` (connected on return)."""
     if configs.pipeline.hardware_backend == "twin":
         from pipeline.hardware.twin import MujocoTwin
 
         return MujocoTwin(configs.robot, configs.twin)
+    if configs.pipeline.hardware_backend == "network":
+        from pipeline.hardware.network import NetworkRobot
+
+        return NetworkRobot(configs.robot, configs.pipeline.network)
     raise ValueError(f"unknown hardware backend {configs.pipeline.hardware_backend!r}")

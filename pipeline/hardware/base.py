@@ -57,7 +57,21 @@ class GroundTruthPacket:
     rod_quat: np.ndarray
 
 
-Packet = SensorPacket | FramePacket | GroundTruthPacket
+@dataclass(frozen=True)
+class GapPacket:
+    """Telemetry lost on the way from a networked robot: ``missing`` messages between the last one
+    received before the gap (robot time ``t_start_s``) and the first one after it (``t_end_s``)."""
+
+    t_start_s: float
+    t_end_s: float
+    missing: int
+
+    @property
+    def duration_s(self) -> float:
+        return self.t_end_s - self.t_start_s
+
+
+Packet = SensorPacket | FramePacket | GroundTruthPacket | GapPacket
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +39,9 @@ from pipeline.policies import REST_TARGET, Policy
 from pipeline.robot_model import N_ACTUATED, N_CABLES, length_to_target, target_to_length
 
 log = logging.getLogger(__name__)
+
+_Command = tuple[int, np.ndarray, np.ndarray]
+"""One tick's (segment, normalised target (6,), motor commands (6,) in [-1, 1])."""
 
 
 @dataclass(frozen=True)
@@ -267,25 +270,13 @@ class MujocoTwin(Robot):
         After the last target is reached the robot is recorded for ``final_hold_s``
         more seconds so the trajectory ends at rest.
         """
-        self._stop_requested = False
         pid = PID(self.robot.pid)
-        tick_s = 1.0 / self.robot.pid.control_rate_hz
-        frame_period = 1.0 / self.twin.camera.rate_hz
-        jitter = self.twin.sensors.sample_jitter_s
-        pending: deque[tuple[int, np.ndarray]] = deque()
-        applied = np.zeros(N_ACTUATED)
-        step_index = 0
-        tick = 0
         segment = 0
         segment_start = 0.0
-        next_frame = 0.0
         hold_until: float | None = None
-        while not self._stop_requested:
-            t = tick * tick_s
-            if self.fail_after_s is not None and t >= self.fail_after_s:
-                raise HardwareError(f"twin: connection lost at t = {t:.2f} s (fault injected by fail_after_s)")
-            sensed = self._sense_cables()
-            position = length_to_target(self.robot, sensed[:N_ACTUATED])
+
+        def control(t: float, position: np.ndarray) -> _Command | None:
+            nonlocal segment, segment_start, hold_until
             target = policy.targets[segment]
             if hold_until is None:
                 reached = pid.within_tolerance(position, target).all()
@@ -301,14 +292,58 @@ class MujocoTwin(Robot):
                     else:
                         hold_until = t + final_hold_s
             elif t >= hold_until:
+                return None
+            return segment, target.copy(), pid.step(position, target)
+
+        yield from self._run(control, record_frames, progress)
+
+    def execute_controls(
+        self, controls: np.ndarray, duration_s: float, record_frames: bool = False
+    ) -> Iterator[Packet]:
+        """Hold raw motor commands ``controls`` (6,) in [-1, 1] for ``duration_s`` (s), no PID; each
+        sample's target is the sensed position (normalised), segment 0."""
+        u = np.clip(np.asarray(controls, float), -1.0, 1.0)
+        ticks = round(duration_s * self.robot.pid.control_rate_hz)
+        tick_s = 1.0 / self.robot.pid.control_rate_hz
+
+        def control(t: float, position: np.ndarray) -> _Command | None:
+            return None if t >= ticks * tick_s - 1e-9 else (0, position.copy(), u.copy())
+
+        yield from self._run(control, record_frames, None)
+
+    def _run(
+        self,
+        control: Callable[[float, np.ndarray], _Command | None],
+        record_frames: bool,
+        progress: ProgressCallback | None,
+    ) -> Iterator[Packet]:
+        """The control loop: every tick senses, asks ``control(t, position)`` for (segment, target,
+        motor commands) or None to end, streams the tick's packets and steps the physics with the
+        commands the control latency has let through."""
+        self._stop_requested = False
+        tick_s = 1.0 / self.robot.pid.control_rate_hz
+        frame_period = 1.0 / self.twin.camera.rate_hz
+        jitter = self.twin.sensors.sample_jitter_s
+        pending: deque[tuple[int, np.ndarray]] = deque()
+        applied = np.zeros(N_ACTUATED)
+        step_index = 0
+        tick = 0
+        next_frame = 0.0
+        while not self._stop_requested:
+            t = tick * tick_s
+            if self.fail_after_s is not None and t >= self.fail_after_s:
+                raise HardwareError(f"twin: connection lost at t = {t:.2f} s (fault injected by fail_after_s)")
+            sensed = self._sense_cables()
+            command = control(t, length_to_target(self.robot, sensed[:N_ACTUATED]))
+            if command is None:
                 break
-            u = pid.step(position, target)
+            segment, target, u = command
             pending.append((step_index + self._latency_steps, u))
             stamp = t + float(np.clip(self._rng.normal(0.0, jitter), -0.4 * tick_s, 0.4 * tick_s)) if t > 0 else 0.0
             yield SensorPacket(
                 t_s=stamp,
                 segment=segment,
-                target=target.copy(),
+                target=target,
                 control=u,
                 cable_m=sensed,
                 imu_quat=self._imu(),
