@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
+from pipeline.errors import R2S2RError
 from storage.layout import RunLayout
+
+PREFECT_RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
+"""The loggers through which Prefect reports a task or flow that raised."""
+
+
+def _not_a_user_error(record: logging.LogRecord) -> bool:
+    """False for Prefect's report of a run that raised an :class:`R2S2RError` (with its traceback):
+    the command line prints that error as one line itself."""
+    return not (record.exc_info and isinstance(record.exc_info[1], R2S2RError))
 
 
 def configure_environment(layout: RunLayout) -> None:
@@ -22,3 +33,7 @@ def configure_environment(layout: RunLayout) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("MUJOCO_GL", "egl")
+    for name in PREFECT_RUN_LOGGERS:
+        logger = logging.getLogger(name)
+        if _not_a_user_error not in logger.filters:
+            logger.addFilter(_not_a_user_error)

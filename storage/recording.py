@@ -99,11 +99,8 @@ class Recording:
             arrow_schema(["t", "segment", *TARGET_COLS, *CONTROL_COLS, *CABLE_COLS, *imu, *MOTOR_COLS]),
             make_meta("hardware", **common),
         )
-        self._truth = PartedTableWriter(
-            self.folder / GROUNDTRUTH_FILE,
-            arrow_schema(["t", "segment", *TARGET_COLS, *CAP_COLS, *ROD_POS_COLS, *ROD_QUAT_COLS]),
-            make_meta("groundtruth", **common),
-        )
+        self._common = common
+        self._truth: PartedTableWriter | None = None  # opened by the first ground-truth packet
         self._frames = None
         if self.camera is not None:
             self._frames = PartedTableWriter(
@@ -143,12 +140,19 @@ class Recording:
             row.update(zip(CAP_COLS, map(float, packet.caps_m.ravel()), strict=True))
             row.update(zip(ROD_POS_COLS, map(float, packet.rod_pos_m.ravel()), strict=True))
             row.update(zip(ROD_QUAT_COLS, map(float, packet.rod_quat.ravel()), strict=True))
+            if self._truth is None:
+                self._truth = PartedTableWriter(
+                    self.folder / GROUNDTRUTH_FILE,
+                    arrow_schema(["t", "segment", *TARGET_COLS, *CAP_COLS, *ROD_POS_COLS, *ROD_QUAT_COLS]),
+                    make_meta("groundtruth", **self._common, gaps=list(self.gaps)),
+                )
             self._truth.append(row)
             self.n_truth += 1
         elif isinstance(packet, GapPacket):
             self.gaps.append({"t_start_s": packet.t_start_s, "t_end_s": packet.t_end_s, "missing": packet.missing})
             for writer in (self._hardware, self._truth):
-                writer.meta["gaps"] = list(self.gaps)
+                if writer is not None:
+                    writer.meta["gaps"] = list(self.gaps)
         elif isinstance(packet, FramePacket):
             if self._frames is None:
                 raise ValueError("frame packet received but the recording has no camera")

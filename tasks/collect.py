@@ -188,8 +188,13 @@ def _record_policy(
             },
         )
         raise
-    truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
-    _write_plots(stage_dir, folder, caps_array(truth), policy)
+    if (folder / GROUNDTRUTH_FILE).is_file():
+        truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
+        atomic_write_bytes(
+            stage_dir / "plots" / "top_view.png",
+            top_view_paths(caps_array(truth), f"end-cap paths: {policy.policy_id}"),
+        )
+    write_first_frame_plot(stage_dir, folder)
 
 
 def _copy_redeploy_runs(layout: RunLayout, iteration: int, stage_dir: Path) -> dict[str, object]:
@@ -255,29 +260,33 @@ def _summarise(folders: list[Path], policy: Policy) -> dict[str, object]:
     order (one folder, or a recording cut short followed by the resumed rest). Samples, frames,
     duration and path length add up over the folders; the displacement adds each folder's net
     motion (a resumed run starts wherever the robot then stands); targets reached counts the
-    segments finished before each cut and those of the last folder."""
+    segments finished before each cut and those of the last folder. Times are the ground truth's
+    where the hardware has one (a simulator: its exact ticks), else the sensors' stamps; the
+    centroid's figures need ground truth and are left out without it."""
     hardware = [read_trajectory(f / HARDWARE_FILE, expect_source="hardware")[0] for f in folders]
-    truths = [read_trajectory(f / GROUNDTRUTH_FILE, expect_source="groundtruth")[0] for f in folders]
-    centroids = [caps_array(truth).mean(axis=1)[:, :2] for truth in truths]
-    duration = sum(float(np.ptp(truth["t"])) for truth in truths)
-    n_sensor = sum(len(h) for h in hardware)
+    with_truth = all((f / GROUNDTRUTH_FILE).is_file() for f in folders)
+    truths = (
+        [read_trajectory(f / GROUNDTRUTH_FILE, expect_source="groundtruth")[0] for f in folders] if with_truth else []
+    )
+    timed = truths or hardware
+    duration = sum(float(np.ptp(t["t"])) for t in timed)
     frames = [f / FRAMES_FILE for f in folders if (f / FRAMES_FILE).is_file()]
-    return {
+    summary: dict[str, object] = {
         "policy_id": policy.policy_id,
         "n_targets": len(policy),
-        "targets_reached": sum(int(t["segment"].max()) for t in truths[:-1]) + int(truths[-1]["segment"].max()) + 1,
+        "targets_reached": sum(int(t["segment"].max()) for t in timed[:-1]) + int(timed[-1]["segment"].max()) + 1,
         "duration_s": duration,
-        "n_sensor_samples": n_sensor,
+        "n_sensor_samples": sum(len(h) for h in hardware),
         "n_frames": sum(pq.read_metadata(f).num_rows for f in frames),
-        "sample_rate_hz": float(sum(len(truth) - 1 for truth in truths) / max(duration, 1e-9)),
-        "centroid_displacement_m": float(np.linalg.norm(sum(c[-1] - c[0] for c in centroids))),
-        "centroid_path_length_m": float(sum(np.linalg.norm(np.diff(c, axis=0), axis=1).sum() for c in centroids)),
+        "sample_rate_hz": float(sum(len(t) - 1 for t in timed) / max(duration, 1e-9)),
     }
-
-
-def _write_plots(stage_dir: Path, folder: Path, caps: np.ndarray, policy: Policy) -> None:
-    atomic_write_bytes(stage_dir / "plots" / "top_view.png", top_view_paths(caps, f"end-cap paths: {policy.policy_id}"))
-    write_first_frame_plot(stage_dir, folder)
+    if truths:
+        centroids = [caps_array(truth).mean(axis=1)[:, :2] for truth in truths]
+        summary["centroid_displacement_m"] = float(np.linalg.norm(sum(c[-1] - c[0] for c in centroids)))
+        summary["centroid_path_length_m"] = float(
+            sum(np.linalg.norm(np.diff(c, axis=0), axis=1).sum() for c in centroids)
+        )
+    return summary
 
 
 def previous_redeploy_sha(layout: RunLayout, iteration: int) -> str | None:

@@ -26,10 +26,10 @@ from pipeline.hardware.protocol import (
     Ack,
     Heartbeat,
     Hello,
-    PidSettings,
     Ping,
     Refusal,
     Reset,
+    RunControls,
     RunEnd,
     RunTargets,
     Stop,
@@ -39,6 +39,7 @@ from pipeline.hardware.protocol import (
     decode_telemetry,
     encode,
     message_packet,
+    pid_settings,
     start_message,
 )
 from pipeline.hardware.reorder import Reorder
@@ -111,7 +112,7 @@ class NetworkRobot(Robot):
                     raise HardwareError(f"robot at {self.address} refused '{command.type}': {reply.message}")
                 return reply
         raise HardwareError(
-            f"robot at {self.address} did not answer '{command.type}' (sent {tries} times, {timeout_s:g} s apart); "
+            f"robot at {self.address} did not answer '{command.type}' (sent {tries} x, {timeout_s:g} s apart); "
             "is it running and is network.host/port right?"
         )
 
@@ -154,20 +155,6 @@ class NetworkRobot(Robot):
             log.warning("robot at %s cannot be placed: place it at %s by hand", self.address, start)
         self._request(Reset(id=self._next_id(), start=start_message(start)))
 
-    def pid_settings(self) -> PidSettings:
-        """The robot config's PID, as every run sends it."""
-        r = self.robot
-        return PidSettings(
-            min_length_m=r.actuated_cable.min_length_m,
-            range_m=r.actuated_cable.range_m,
-            tolerance=r.pid.tolerance,
-            max_speed=r.motor.speed,
-            kp=r.pid.kp,
-            ki=r.pid.ki,
-            kd=r.pid.kd,
-            control_rate_hz=r.pid.control_rate_hz,
-        )
-
     def execute(
         self,
         policy: Policy,
@@ -175,14 +162,25 @@ class NetworkRobot(Robot):
         record_frames: bool = True,
         progress: ProgressCallback | None = None,
     ) -> Iterator[Packet]:
-        """Run ``policy`` on the robot (module docstring); frames only if the robot has a camera."""
+        """Run ``policy`` on the robot with the robot config's PID (module docstring); frames only
+        if the robot has a camera."""
         command = RunTargets(
             id=self._next_id(),
             targets=np.asarray(policy.targets, float).tolist(),
-            pid=self.pid_settings(),
+            pid=pid_settings(self.robot),
             segment_timeout_s=segment_timeout_s,
             frames=record_frames and self.welcome.camera is not None,
         )
+        yield from self._stream(command, progress)
+
+    def run_controls(self, controls: np.ndarray, duration_s: float) -> Iterator[Packet]:
+        """Hold raw motor commands ``controls`` (6,) in [-1, 1] for ``duration_s`` (s, at most 5),
+        no PID; the robot stops its motors after."""
+        command = RunControls(id=self._next_id(), controls=np.asarray(controls, float).tolist(), duration_s=duration_s)
+        yield from self._stream(command, None)
+
+    def _stream(self, command: RunTargets | RunControls, progress: ProgressCallback | None) -> Iterator[Packet]:
+        """Start the run ``command`` and yield its telemetry as packets, in order, with gaps."""
         run = command.id
         stream = Reorder(self.network.reorder_wait_s)
         self.last_run = stream

@@ -15,6 +15,7 @@ import msgpack
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from pipeline.config import RobotConfig
 from pipeline.errors import HardwareError
 from pipeline.hardware.base import FramePacket, GroundTruthPacket, Packet, SensorPacket, StartPose
 
@@ -364,6 +365,20 @@ def message_packet(message: Sample | Truth | Frame, source: str) -> Packet:
         t_s=message.t_s,
         rgb=np.frombuffer(message.rgb, np.uint8).reshape(message.height, message.width, 3),
         depth=np.frombuffer(message.depth, "<u2").reshape(message.height, message.width).astype(np.uint16),
+    )
+
+
+def pid_settings(robot: RobotConfig) -> PidSettings:
+    """The robot config's firmware PID, as a run sends it."""
+    return PidSettings(
+        min_length_m=robot.actuated_cable.min_length_m,
+        range_m=robot.actuated_cable.range_m,
+        tolerance=robot.pid.tolerance,
+        max_speed=robot.motor.speed,
+        kp=robot.pid.kp,
+        ki=robot.pid.ki,
+        kd=robot.pid.kd,
+        control_rate_hz=robot.pid.control_rate_hz,
     )
 
 
