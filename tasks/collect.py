@@ -20,7 +20,7 @@ from prefect import task
 
 from pipeline.config import ROBOT_FIELD, LoadedConfigs
 from pipeline.errors import DataError
-from pipeline.hardware import make_robot
+from pipeline.hardware import robot_for
 from pipeline.hardware.base import Robot
 from pipeline.plots import top_view_paths
 from pipeline.policies import Policy, collect_policy
@@ -112,7 +112,6 @@ def run_collect(
     kept = None
     if stage_dir.exists() and stopped is None:
         kept = set_aside(layout, stage_dir, "incomplete" if existing is None else "replaced")
-    robot_factory = (lambda: make_robot(configs)) if robot is None else (lambda: robot)
     summary: dict[str, object] = {}
     if iteration > 1:
         summary = _copy_redeploy_runs(layout, iteration, stage_dir)
@@ -127,11 +126,13 @@ def run_collect(
         rest = Policy(name=f"{policy.name}-from{stopped}", targets=policy.targets[stopped:])
         if (stage_dir / rest.policy_id).exists():  # an earlier resume that failed too: keep it beside
             set_aside(layout, stage_dir / rest.policy_id, "incomplete")
-        _record_policy(configs, iteration, stage_dir, rest, robot_factory(), show_progress)
+        with robot_for(configs, robot) as hardware:
+            _record_policy(configs, iteration, stage_dir, rest, hardware, show_progress)
         summary.update(_summarise([stage_dir / policy.policy_id, stage_dir / rest.policy_id], policy))
         summary.update({"resumed_policy_id": rest.policy_id, "resumed_from_segment": stopped})
     elif iteration == 1 or configs.pipeline.collect.later_iterations == "redeploy_and_random":
-        _record_policy(configs, iteration, stage_dir, policy, robot_factory(), show_progress)
+        with robot_for(configs, robot) as hardware:
+            _record_policy(configs, iteration, stage_dir, policy, hardware, show_progress)
         summary.update(_summarise([stage_dir / policy.policy_id], policy))
     summary[CONFIG_KEY] = config_sha256(configs)
     ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)

@@ -41,7 +41,7 @@ from pipeline.follow.paths import Path as FollowPath
 from pipeline.follow.paths import builtin, from_waypoints
 from pipeline.follow.planner import Follower, distances_to_path
 from pipeline.follow.table import planning_table
-from pipeline.hardware import make_robot
+from pipeline.hardware import robot_for
 from pipeline.hardware.base import (
     CameraInfo,
     FramePacket,
@@ -136,12 +136,20 @@ class _Run:
 def run_follow(
     configs: LoadedConfigs, iteration: int, spec: str, hardware: Robot | None = None
 ) -> tuple[Path, dict[str, object]]:
-    """Follow the path ``spec`` with iteration ``iteration``'s action table (module docstring);
-    returns the run's folder and its figures. Bad paths are refused before the robot moves."""
+    """Follow the path ``spec`` with iteration ``iteration``'s action table (module docstring) on
+    ``hardware`` (default: the configured backend); returns the run's folder and its figures. Bad
+    paths are refused before the robot moves."""
+    name, points = read_path(spec)
+    with robot_for(configs, hardware) as robot:
+        return _follow_on(configs, iteration, spec, name, points, robot)
+
+
+def _follow_on(
+    configs: LoadedConfigs, iteration: int, spec: str, name: str, points: np.ndarray, hardware: Robot
+) -> tuple[Path, dict[str, object]]:
+    """:func:`run_follow` on ``hardware``: the path ``spec`` named ``name``, waypoints ``points`` (n, 2) m."""
     c = configs.pipeline.follow
     layout = RunLayout.of(configs)
-    name, points = read_path(spec)
-    hardware = make_robot(configs) if hardware is None else hardware
     camera = hardware.camera
     if camera is None:
         raise ConfigError(f"follow: the {configs.pipeline.hardware_backend} hardware has no camera to track with")

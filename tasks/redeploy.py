@@ -21,6 +21,7 @@ runner can spread them.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from prefect import task
 
 from pipeline.config import LoadedConfigs, RobotConfig
 from pipeline.gaits.outcome import folded_flat
-from pipeline.hardware import make_robot
+from pipeline.hardware import robot_for
 from pipeline.hardware.base import Robot, StartPose
 from pipeline.metrics import motion_in_start_frame
 from storage.catalog import REPEATABILITY_FILE, RUNS_FILE, attached_robot
@@ -74,14 +75,14 @@ def execute_run(
         if not run.recorded():
             set_aside(RunLayout.of(configs), run.folder, "incomplete")
     if not run.recorded():
-        hardware = make_robot(configs) if hardware is None else hardware
         run.folder.mkdir(parents=True)
         write_policy_json(run.folder, run.policy.name, run.policy.policy_id, run.policy.targets, run.recorded_as)
         timeout_s = configs.pipeline.redeploy.segment_timeout_s
-        recording = open_recording(configs, iteration, run.name, run.folder, hardware, timeout_s)
         start = StartPose(run.start.x_m, run.start.y_m, math.radians(run.start.yaw_deg))
         record = configs.pipeline.collect.record_frames
-        record_run(hardware, run.policy, recording, record, start=start, show_progress=False)
+        with robot_for(configs, hardware) as robot:
+            recording = open_recording(configs, iteration, run.name, run.folder, robot, timeout_s)
+            record_run(robot, run.policy, recording, record, start=start, show_progress=False)
     tracked, figures = track_recording(robot_config, configs.pipeline.track, run.folder)
     write_tracked(run.folder / TRACKED_FILE, tracked, figures, robot_config, configs, iteration, run.name)
 
@@ -100,10 +101,11 @@ def run_redeploy(
     runs = planned_runs(configs, gaits_ref, stage_dir)
     robot = attached_robot(configs, attach_ref)
     try:
-        for run in runs:
-            if not run.recorded():
-                hardware = make_robot(configs) if hardware is None else hardware
-            execute_run(configs, iteration, robot, run, hardware)
+        with contextlib.ExitStack() as opened:
+            for run in runs:
+                if not run.recorded() and hardware is None:
+                    hardware = opened.enter_context(robot_for(configs))
+                execute_run(configs, iteration, robot, run, hardware)
     except BaseException as exc:
         done = [r.name for r in runs if r.complete(tracking_key(robot, configs.pipeline.track))]
         write_manifest(

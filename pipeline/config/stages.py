@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import Fraction, Positive, StrictModel
 from pipeline.config.follow import FollowConfig
@@ -237,6 +237,14 @@ class PipelineConfig(StrictModel):
     runner: RunnerConfig = RunnerConfig()
     engine: EngineConfig = EngineConfig()
     follow: FollowConfig = FollowConfig()
+
+    @model_validator(mode="after")
+    def _one_run_per_robot(self) -> PipelineConfig:
+        if self.hardware_backend == "network" and self.redeploy.concurrent_runs:
+            raise ValueError(
+                "redeploy.concurrent_runs needs a robot per run; the network backend has one (network.host:port)"
+            )
+        return self
 
     @field_validator("runs_dir", "robot_config", "hardware_config")
     @classmethod

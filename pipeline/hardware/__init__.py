@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from pipeline.config import LoadedConfigs
 from pipeline.hardware.base import Robot
 
@@ -18,3 +21,16 @@ def make_robot(configs: LoadedConfigs) -> Robot:
 
         return NetworkRobot(configs.robot, configs.pipeline.network)
     raise ValueError(f"unknown hardware backend {configs.pipeline.hardware_backend!r}")
+
+
+@contextlib.contextmanager
+def robot_for(configs: LoadedConfigs, given: Robot | None = None) -> Iterator[Robot]:
+    """``given``, or the configured backend made now and closed on leaving."""
+    if given is not None:
+        yield given
+        return
+    robot = make_robot(configs)
+    try:
+        yield robot
+    finally:
+        robot.close()

@@ -146,3 +146,6 @@ class Robot(ABC):
     @abstractmethod
     def stop(self) -> None:
         """Stop all motors now; the next :meth:`execute` starts a new run."""
+
+    def close(self) -> None:  # noqa: B027 (a backend with nothing to release keeps this)
+        """Release the backend's resources (renderer, connection); the robot is not used after."""
