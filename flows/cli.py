@@ -352,6 +352,8 @@ def serve_twin(
     from pipeline.hardware.twin import MujocoTwin
 
     configs = load_all(config, parse_overrides(set_))
+    if configs.twin is None:
+        raise ConfigError(f"{config}: serve-twin serves the twin of hardware_config, and the config names none")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     faults = WireFaults(drop_at_s=drop_at_s, drop_for_s=drop_for_s, delay_s=delay_s, loss=loss, reorder=reorder)
     server = TwinServer(

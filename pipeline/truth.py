@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from pipeline.config import LoadedConfigs, RobotConfig, TwinConfig
+from pipeline.errors import ConfigError
 from pipeline.hardware.base import GroundTruthPacket, SensorPacket, StartPose
 from pipeline.learned.data import Trajectory
 from pipeline.physics.model import RobotModel
@@ -60,10 +61,16 @@ def twin_true_model(robot: RobotConfig, twin: TwinConfig, dtype: torch.dtype = t
     return RobotModel.from_robot(robot, phases_rad=twin.attachment_phase_rad, dtype=dtype)
 
 
+def _twin(configs: LoadedConfigs) -> TwinConfig:
+    if configs.twin is None:
+        raise ConfigError(f"{configs.pipeline_path}: no hardware_config: there is no twin's truth to evaluate against")
+    return configs.twin
+
+
 def truth_engine(configs: LoadedConfigs, robot: RobotConfig) -> tuple[RobotConfig, Params]:
     """``robot`` with the twin's true attachment points and control latency, and the twin's own
     values in the engine's parameters (one environment)."""
-    twin = configs.twin
+    twin = _twin(configs)
     attachment = robot.attachment.model_copy(update={"phase_rad": twin.attachment_phase_rad})
     true_robot = with_latency(robot.model_copy(update={"attachment": attachment}), twin.control_latency_s)
     return true_robot, twin_true_params(true_robot, twin)
@@ -73,7 +80,7 @@ def truth_errors(configs: LoadedConfigs, values: dict[str, float]) -> dict[str, 
     """Each identified value's error against the twin's hidden truth, absolute (SI) and relative
     (%), where the engine parameter has a twin counterpart; keys ``truth_error.<name>``,
     ``truth_error_pct.<name>`` and ``truth.<name>``."""
-    truth = twin_true_params(configs.robot, configs.twin)
+    truth = twin_true_params(configs.robot, _twin(configs))
     out = {}
     for name, value in values.items():
         true = float(getattr(truth, name)[0])

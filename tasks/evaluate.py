@@ -188,7 +188,7 @@ def summary_markdown(
         "|---|---|---|---|---|---|",
     ]
     values = {k.removeprefix("value."): v for k, v in sysid.items() if k.startswith("value.")}
-    truth = truth_errors(configs, values) if configs.pipeline.hardware_backend == "twin" else {}
+    truth = truth_errors(configs, values) if configs.twin is not None else {}
     for name, value in values.items():
         start = sysid.get(f"start.{name}", float("nan"))
         true = f"{truth[f'truth.{name}']:.4g}" if f"truth.{name}" in truth else ""

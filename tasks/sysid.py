@@ -197,13 +197,13 @@ def sysid(
     earlier_refs: dict[int, tuple[dict[str, str], dict[str, str]]] | None = None,
 ) -> dict[str, str]:
     """Prefect task: run :func:`run_sysid` (with ``earlier_refs``: earlier iterations' collect and
-    track refs); log values, loss curves, held-out figures, plots and (on the twin) errors against
+    track refs); log values, loss curves, held-out figures, plots and (on the twin, in process or served) errors against
     the hidden truth and the truth's own held-out replay to MLflow; return the ref as JSON."""
     refs = (Ref.from_json(collect_ref), Ref.from_json(track_ref), Ref.from_json(attach_ref))
     data = sysid_data(configs, *refs, earlier=earlier_from_json(earlier_refs))
     ref, summary, result = run_sysid(configs, iteration, data)
     figures = dict(summary)
-    if configs.pipeline.hardware_backend == "twin":
+    if configs.twin is not None:  # the hardware is the twin (in process or served): score against its truth
         figures.update(truth_errors(configs, result.values))
         figures.update(truth_holdout(configs, data, float(summary["holdout.before.key_frame_error_mm"])))
     stage_dir = Path(ref.path)

@@ -21,10 +21,11 @@ import msgpack
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 import zmq
 
 from pipeline.config import LoadedConfigs, load_all
-from pipeline.errors import HardwareError
+from pipeline.errors import ConfigError, HardwareError
 from pipeline.hardware.base import GapPacket, GroundTruthPacket, SensorPacket
 from pipeline.hardware.network import NetworkRobot
 from pipeline.hardware.protocol import (
@@ -46,6 +47,7 @@ from pipeline.hardware.protocol import (
 from pipeline.hardware.reorder import Reorder
 from pipeline.hardware.server import TwinServer
 from pipeline.hardware.twin import MujocoTwin
+from pipeline.truth import truth_errors
 from storage.layout import complete_stage_ref, read_manifest
 from storage.recording import GROUNDTRUTH_FILE, HARDWARE_FILE
 from storage.trajectory import read_trajectory
@@ -357,3 +359,18 @@ def test_no_robot_is_a_clear_error_on_the_command_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert f"robot at tcp://127.0.0.1:{port} did not answer 'hello'" in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr
+
+
+def test_a_network_robot_needs_no_twin_config(tmp_path: Path) -> None:
+    pipeline = write_test_pipeline(tmp_path, n_targets=2)
+    data = yaml.safe_load(pipeline.read_text())
+    data.update(hardware_backend="network", hardware_config=None)
+    pipeline.write_text(yaml.safe_dump(data))
+    configs = load_all(pipeline)
+    assert configs.twin is None and configs.pipeline.network.port == 5555
+    with pytest.raises(ConfigError, match="no hardware_config: there is no twin's truth"):
+        truth_errors(configs, {"friction": 0.5})
+    with pytest.raises(ConfigError, match="hardware_backend 'twin' needs hardware_config"):
+        load_all(pipeline, {"hardware_backend": "twin"})
+    with pytest.raises(ConfigError, match="concurrent_runs needs a robot per run"):
+        load_all(pipeline, {"redeploy.concurrent_runs": True})

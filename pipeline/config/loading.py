@@ -70,7 +70,8 @@ class LoadedConfigs(StrictModel):
 
     pipeline: PipelineConfig
     robot: RobotConfig
-    twin: TwinConfig
+    twin: TwinConfig | None
+    """The twin's hidden config (None without ``hardware_config``: a real robot)."""
     pipeline_path: Path
 
     def fields(self, names: tuple[str, ...]) -> dict[str, object]:
@@ -113,15 +114,16 @@ def load_all(pipeline_path: str | Path, overrides: dict[str, object] | None = No
         update={
             "runs_dir": resolve(pipeline.runs_dir),
             "robot_config": resolve(pipeline.robot_config),
-            "hardware_config": resolve(pipeline.hardware_config),
+            "hardware_config": None if pipeline.hardware_config is None else resolve(pipeline.hardware_config),
         }
     )
     _check_runs_dir(pipeline_path, pipeline.runs_dir)
     for field in ("robot_config", "hardware_config"):
-        if not getattr(pipeline, field).is_file():
-            raise ConfigError(f"{pipeline_path}: field '{field}': {getattr(pipeline, field)} is not a file")
+        path = getattr(pipeline, field)
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{pipeline_path}: field '{field}': {path} is not a file")
     robot = load_yaml(pipeline.robot_config, RobotConfig)
-    twin = load_yaml(pipeline.hardware_config, TwinConfig)
+    twin = None if pipeline.hardware_config is None else load_yaml(pipeline.hardware_config, TwinConfig)
     return LoadedConfigs(pipeline=pipeline, robot=robot, twin=twin, pipeline_path=pipeline_path)
 
 

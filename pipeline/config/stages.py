@@ -225,7 +225,11 @@ class PipelineConfig(StrictModel):
         description="'twin': the MuJoCo twin in this process; 'network': a robot (or `r2s2r serve-twin`) over the "
         "robot protocol at network.host:network.port (docs/robot-protocol.md)."
     )
-    hardware_config: Path
+    hardware_config: Path | None = Field(
+        default=None,
+        description="The twin's hidden config (configs/hardware/*.yaml): the world for hardware_backend 'twin' and "
+        "for `r2s2r serve-twin`; a real robot has none.",
+    )
     network: NetworkConfig = NetworkConfig()
     collect: CollectConfig
     track: TrackConfig = TrackConfig()
@@ -239,7 +243,9 @@ class PipelineConfig(StrictModel):
     follow: FollowConfig = FollowConfig()
 
     @model_validator(mode="after")
-    def _one_run_per_robot(self) -> PipelineConfig:
+    def _hardware(self) -> PipelineConfig:
+        if self.hardware_backend == "twin" and self.hardware_config is None:
+            raise ValueError("hardware_backend 'twin' needs hardware_config (the twin's hidden config)")
         if self.hardware_backend == "network" and self.redeploy.concurrent_runs:
             raise ValueError(
                 "redeploy.concurrent_runs needs a robot per run; the network backend has one (network.host:port)"
@@ -248,7 +254,7 @@ class PipelineConfig(StrictModel):
 
     @field_validator("runs_dir", "robot_config", "hardware_config")
     @classmethod
-    def _not_empty(cls, value: Path) -> Path:
-        if str(value) in ("", "."):
+    def _not_empty(cls, value: Path | None) -> Path | None:
+        if value is not None and str(value) in ("", "."):
             raise ValueError("must be a non-empty path")
         return value

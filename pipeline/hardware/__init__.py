@@ -15,6 +15,7 @@ def make_robot(configs: LoadedConfigs) -> Robot:
     if configs.pipeline.hardware_backend == "twin":
         from pipeline.hardware.twin import MujocoTwin
 
+        assert configs.twin is not None  # PipelineConfig requires hardware_config for the twin
         return MujocoTwin(configs.robot, configs.twin)
     if configs.pipeline.hardware_backend == "network":
         from pipeline.hardware.network import NetworkRobot
