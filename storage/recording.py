@@ -4,7 +4,8 @@ A :class:`Recording` routes :class:`~pipeline.hardware.base.SensorPacket` to the
 ``hardware`` trajectory, :class:`~pipeline.hardware.base.GroundTruthPacket` to the
 ``groundtruth`` trajectory and :class:`~pipeline.hardware.base.FramePacket` to the
 frames file; a :class:`~pipeline.hardware.base.GapPacket` (telemetry lost on the way from a
-networked robot) is listed in both trajectories' metadata (``gaps``). Data are flushed to part
+networked robot) is listed in both trajectories' metadata (``gaps``), a
+:class:`~pipeline.hardware.base.ClockPacket` (a separate camera's clock offset) in the frames'. Data are flushed to part
 files every ``checkpoint_every_s`` of robot time; :meth:`Recording.close` merges them and marks the
 files complete or not.
 """
@@ -21,6 +22,7 @@ from pipeline.config import LoadedConfigs, config_hash
 from pipeline.errors import DataError
 from pipeline.hardware.base import (
     CameraInfo,
+    ClockPacket,
     FramePacket,
     GapPacket,
     GroundTruthPacket,
@@ -153,6 +155,11 @@ class Recording:
             for writer in (self._hardware, self._truth):
                 if writer is not None:
                     writer.meta["gaps"] = list(self.gaps)
+        elif isinstance(packet, ClockPacket):
+            if self._frames is not None:
+                self._frames.meta[f"{packet.source}_clock_offset_s"] = packet.offset_s
+                self._frames.meta[f"{packet.source}_clock_samples"] = packet.samples
+                self._frames.meta[f"{packet.source}_clock_spread_s"] = packet.spread_s
         elif isinstance(packet, FramePacket):
             if self._frames is None:
                 raise ValueError("frame packet received but the recording has no camera")

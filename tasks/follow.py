@@ -44,6 +44,7 @@ from pipeline.follow.table import planning_table
 from pipeline.hardware import robot_for
 from pipeline.hardware.base import (
     CameraInfo,
+    ClockPacket,
     FramePacket,
     GapPacket,
     GroundTruthPacket,
@@ -102,6 +103,8 @@ def _shifted(packet: Packet, t_offset: float, segment_offset: int) -> Packet:
         return dataclasses.replace(packet, t_s=packet.t_s + t_offset)
     if isinstance(packet, GapPacket):
         return GapPacket(packet.t_start_s + t_offset, packet.t_end_s + t_offset, packet.missing)
+    if isinstance(packet, ClockPacket):
+        return packet
     return dataclasses.replace(packet, t_s=packet.t_s + t_offset, segment=packet.segment + segment_offset)
 
 

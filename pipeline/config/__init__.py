@@ -24,7 +24,7 @@ from pipeline.config.loading import (
     load_yaml,
     robot_with_overlay,
 )
-from pipeline.config.network import NetworkConfig
+from pipeline.config.network import CameraSourceConfig, NetworkConfig
 from pipeline.config.robot import (
     ActuatedCableConfig,
     AttachmentConfig,
@@ -80,6 +80,7 @@ __all__ = [
     "AttachConfig",
     "AttachmentConfig",
     "CameraConfig",
+    "CameraSourceConfig",
     "CapPair",
     "CollectConfig",
     "ContactConfig",

@@ -115,6 +115,9 @@ def load_all(pipeline_path: str | Path, overrides: dict[str, object] | None = No
             "runs_dir": resolve(pipeline.runs_dir),
             "robot_config": resolve(pipeline.robot_config),
             "hardware_config": None if pipeline.hardware_config is None else resolve(pipeline.hardware_config),
+            "camera": pipeline.camera.model_copy(
+                update={"bag": None if pipeline.camera.bag is None else resolve(pipeline.camera.bag)}
+            ),
         }
     )
     _check_runs_dir(pipeline_path, pipeline.runs_dir)

@@ -1,11 +1,12 @@
 """How the pipeline reaches a robot over the network (``hardware_backend: network``,
-``docs/robot-protocol.md``)."""
+``docs/robot-protocol.md``) and the camera that watches it (``camera``)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.config.base import Positive, StrictModel
 
@@ -37,3 +38,34 @@ class NetworkConfig(StrictModel):
     ping_every_s: Positive = Field(
         default=1.0, description="The client's heartbeat during a run: the robot stops when it hears none."
     )
+
+
+class CameraSourceConfig(StrictModel):
+    """Where the RGB-D frames come from (``docs/robot-protocol.md``, *Cameras*)."""
+
+    source: Literal["hardware", "realsense"] = Field(
+        default="hardware",
+        description="'hardware': the backend's own (the twin renders; a network robot may stream frames); "
+        "'realsense': an Intel RealSense beside the robot, its frames put on the robot's clock.",
+    )
+    serial: str | None = Field(default=None, description="realsense: the device's serial number (default: the first).")
+    bag: Path | None = Field(
+        default=None, description="realsense: play back this RealSense .bag recording instead of a device."
+    )
+    width_px: Annotated[int, Field(ge=16, le=4096)] = 640
+    height_px: Annotated[int, Field(ge=16, le=4096)] = 480
+    fps: Annotated[int, Field(ge=1, le=300)] = 30
+    camera_to_world: (
+        Annotated[list[Annotated[list[float], Field(min_length=4, max_length=4)]], Field(min_length=4, max_length=4)]
+        | None
+    ) = Field(
+        default=None,
+        description="realsense: the camera's pose, 4x4 camera-to-world (OpenCV axes: x right, y down, z forward; "
+        "world z up, ground at z = 0), from the calibration.",
+    )
+
+    @model_validator(mode="after")
+    def _calibrated(self) -> CameraSourceConfig:
+        if self.source == "realsense" and self.camera_to_world is None:
+            raise ValueError("camera.source 'realsense' needs camera.camera_to_world (its calibrated pose)")
+        return self

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from pipeline.config.base import Fraction, Positive, StrictModel
 from pipeline.config.follow import FollowConfig
 from pipeline.config.learned import LearnConfig
-from pipeline.config.network import NetworkConfig
+from pipeline.config.network import CameraSourceConfig, NetworkConfig
 from pipeline.config.sysid import SysidConfig
 
 
@@ -231,6 +231,7 @@ class PipelineConfig(StrictModel):
         "for `r2s2r serve-twin`; a real robot has none.",
     )
     network: NetworkConfig = NetworkConfig()
+    camera: CameraSourceConfig = CameraSourceConfig()
     collect: CollectConfig
     track: TrackConfig = TrackConfig()
     attach: AttachConfig = AttachConfig()

@@ -5,23 +5,40 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import numpy as np
+
 from pipeline.config import LoadedConfigs
 from pipeline.hardware.base import Robot
 
 
 def make_robot(configs: LoadedConfigs) -> Robot:
     """The backend named by ``pipeline.hardware_backend``: the in-process twin, or the robot at
-    ``pipeline.network`` (connected on return)."""
+    ``pipeline.network`` (connected on return); with ``camera.source: realsense``, a RealSense
+    beside it (:class:`~pipeline.hardware.camera.CameraRobot`)."""
     if configs.pipeline.hardware_backend == "twin":
         from pipeline.hardware.twin import MujocoTwin
 
         assert configs.twin is not None  # PipelineConfig requires hardware_config for the twin
-        return MujocoTwin(configs.robot, configs.twin)
-    if configs.pipeline.hardware_backend == "network":
+        robot: Robot = MujocoTwin(configs.robot, configs.twin)
+    elif configs.pipeline.hardware_backend == "network":
         from pipeline.hardware.network import NetworkRobot
 
-        return NetworkRobot(configs.robot, configs.pipeline.network)
-    raise ValueError(f"unknown hardware backend {configs.pipeline.hardware_backend!r}")
+        robot = NetworkRobot(configs.robot, configs.pipeline.network)
+    else:
+        raise ValueError(f"unknown hardware backend {configs.pipeline.hardware_backend!r}")
+    camera = configs.pipeline.camera
+    if camera.source == "hardware":
+        return robot
+    from pipeline.hardware.camera import CameraRobot, RealSenseCamera
+
+    try:
+        rgbd = RealSenseCamera(
+            np.array(camera.camera_to_world), camera.serial, camera.bag, camera.width_px, camera.height_px, camera.fps
+        )
+    except BaseException:
+        robot.close()
+        raise
+    return CameraRobot(robot, rgbd)
 
 
 @contextlib.contextmanager

@@ -71,7 +71,19 @@ class GapPacket:
         return self.t_end_s - self.t_start_s
 
 
-Packet = SensorPacket | FramePacket | GroundTruthPacket | GapPacket
+@dataclass(frozen=True)
+class ClockPacket:
+    """How another device's clock was put on the robot's: robot time = that device's time +
+    ``offset_s`` (s), estimated from ``samples`` of its stamps (``source``: ``camera``); the
+    estimates applied to its packets as they came were at most ``spread_s`` from it."""
+
+    source: str
+    offset_s: float
+    samples: int
+    spread_s: float = 0.0
+
+
+Packet = SensorPacket | FramePacket | GroundTruthPacket | GapPacket | ClockPacket
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from pipeline.hardware.base import (
     SensorPacket,
     StartPose,
 )
+from pipeline.hardware.camera import TwinCamera
 from pipeline.hardware.twin_model import build_twin_xml, camera_axes
 from pipeline.policies import REST_TARGET, Policy
 from pipeline.robot_model import N_ACTUATED, N_CABLES, length_to_target, target_to_length
@@ -96,7 +97,12 @@ class MujocoTwin(Robot):
         self._rest_length = np.r_[target_to_length(robot, REST_TARGET), np.full(3, c.passive_rest_length_m)]
         self._omega_prev = np.zeros(N_ACTUATED)
         self._motor_rad = np.zeros(N_ACTUATED)
-        self._renderer: mujoco.Renderer | None = None
+        cam = twin.camera
+        right, up, forward = camera_axes(cam)
+        camera_to_world = np.eye(4)
+        camera_to_world[:3, :3] = np.column_stack([right, -up, forward])
+        camera_to_world[:3, 3] = cam.position_m
+        self.rgbd = TwinCamera(self.model, self.data, cam, camera_to_world)
         self._stop_requested = False
         self._rest = self._settle()
         self.reset()
@@ -191,40 +197,13 @@ class MujocoTwin(Robot):
 
     @property
     def camera(self) -> CameraInfo:
-        cam = self.twin.camera
-        fy = 0.5 * cam.height_px / np.tan(np.deg2rad(cam.fovy_deg) / 2)
-        right, up, forward = camera_axes(cam)
-        extrinsics = np.eye(4)
-        extrinsics[:3, :3] = np.column_stack([right, -up, forward])
-        extrinsics[:3, 3] = cam.position_m
-        return CameraInfo(
-            width_px=cam.width_px,
-            height_px=cam.height_px,
-            fx=fy,
-            fy=fy,
-            cx=(cam.width_px - 1) / 2,
-            cy=(cam.height_px - 1) / 2,
-            camera_to_world=extrinsics,
-            depth_scale_m=cam.depth_scale_m,
-        )
+        return self.rgbd.info
 
     def render(self, t_s: float) -> FramePacket:
-        """Render the calibrated camera: RGB uint8 and depth uint16 (0 = no return)."""
-        cam = self.twin.camera
-        if self._renderer is None:
-            self._renderer = mujoco.Renderer(self.model, cam.height_px, cam.width_px)
-        renderer = self._renderer
-        renderer.disable_depth_rendering()
-        renderer.update_scene(self.data, camera="rgbd")
-        rgb = renderer.render().copy()
-        renderer.enable_depth_rendering()
-        renderer.update_scene(self.data, camera="rgbd")
-        depth_m = renderer.render().astype(np.float64)
-        renderer.disable_depth_rendering()
-        depth_m = depth_m + self._rng.normal(0.0, cam.depth_noise_std_m, depth_m.shape)
-        valid = (depth_m > 0) & (depth_m < cam.max_depth_m)
-        depth = np.where(valid, np.round(depth_m / cam.depth_scale_m), 0).astype(np.uint16)
-        return FramePacket(t_s=t_s, rgb=rgb, depth=depth)
+        """Render the calibrated camera now, stamped ``t_s`` (:meth:`TwinCamera.capture`)."""
+        frame = self.rgbd.capture(t_s, self._rng)
+        self.rgbd.frames()  # the twin hands its frames on itself, in its packet stream
+        return frame
 
     # ----------------------------------------------------------------- Robot API
     def reset(self, start: StartPose | None = None, seed: int | None = None) -> None:
@@ -366,6 +345,4 @@ class MujocoTwin(Robot):
 
     def close(self) -> None:
         """Release the renderer's GL context."""
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
+        self.rgbd.close()
