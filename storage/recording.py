@@ -119,6 +119,7 @@ class Recording:
             )
         self._next_checkpoint = self.checkpoint_every_s
         self._current_target: list[float] | None = None
+        self._early_truth: list[GroundTruthPacket] = []
 
     def add(self, packet: Packet) -> None:
         """Route one packet to its file; checkpoint when enough robot time has passed."""
@@ -132,24 +133,16 @@ class Recording:
             row.update(zip(MOTOR_COLS, map(float, packet.motor_rad), strict=True))
             self._hardware.append(row)
             self._current_target = [float(v) for v in packet.target]
+            for early in self._early_truth:
+                self._add_truth(early)
+            self._early_truth.clear()
             self.n_sensor += 1
             self.last_t_s = max(self.last_t_s, packet.t_s)
         elif isinstance(packet, GroundTruthPacket):
-            row = {"t": packet.t_s, "segment": packet.segment}
-            if self._current_target is None:
-                raise ValueError("ground-truth packet before any sensor packet")
-            row.update(zip(TARGET_COLS, self._current_target, strict=True))
-            row.update(zip(CAP_COLS, map(float, packet.caps_m.ravel()), strict=True))
-            row.update(zip(ROD_POS_COLS, map(float, packet.rod_pos_m.ravel()), strict=True))
-            row.update(zip(ROD_QUAT_COLS, map(float, packet.rod_quat.ravel()), strict=True))
-            if self._truth is None:
-                self._truth = PartedTableWriter(
-                    self.folder / GROUNDTRUTH_FILE,
-                    arrow_schema(["t", "segment", *TARGET_COLS, *CAP_COLS, *ROD_POS_COLS, *ROD_QUAT_COLS]),
-                    make_meta("groundtruth", **self._common, gaps=list(self.gaps)),
-                )
-            self._truth.append(row)
-            self.n_truth += 1
+            if self._current_target is None:  # its sample was lost on the way: it takes the next one's target
+                self._early_truth.append(packet)
+            else:
+                self._add_truth(packet)
         elif isinstance(packet, GapPacket):
             self.gaps.append({"t_start_s": packet.t_start_s, "t_end_s": packet.t_end_s, "missing": packet.missing})
             for writer in (self._hardware, self._truth):
@@ -168,6 +161,23 @@ class Recording:
         if self.last_t_s >= self._next_checkpoint:
             self.checkpoint()
             self._next_checkpoint += self.checkpoint_every_s
+
+    def _add_truth(self, packet: GroundTruthPacket) -> None:
+        """One ground-truth row, with the target of the last sensor packet."""
+        assert self._current_target is not None
+        row: dict[str, object] = {"t": packet.t_s, "segment": packet.segment}
+        row.update(zip(TARGET_COLS, self._current_target, strict=True))
+        row.update(zip(CAP_COLS, map(float, packet.caps_m.ravel()), strict=True))
+        row.update(zip(ROD_POS_COLS, map(float, packet.rod_pos_m.ravel()), strict=True))
+        row.update(zip(ROD_QUAT_COLS, map(float, packet.rod_quat.ravel()), strict=True))
+        if self._truth is None:
+            self._truth = PartedTableWriter(
+                self.folder / GROUNDTRUTH_FILE,
+                arrow_schema(["t", "segment", *TARGET_COLS, *CAP_COLS, *ROD_POS_COLS, *ROD_QUAT_COLS]),
+                make_meta("groundtruth", **self._common, gaps=list(self.gaps)),
+            )
+        self._truth.append(row)
+        self.n_truth += 1
 
     def checkpoint(self) -> None:
         """Flush everything buffered to part files on disk."""

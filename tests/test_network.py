@@ -7,6 +7,7 @@ The twin is served in a separate process as a robot would be; the faults of
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -49,8 +50,8 @@ from pipeline.hardware.server import TwinServer
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.truth import truth_errors
 from storage.layout import complete_stage_ref, read_manifest
-from storage.recording import GROUNDTRUTH_FILE, HARDWARE_FILE
-from storage.trajectory import read_trajectory
+from storage.recording import GROUNDTRUTH_FILE, HARDWARE_FILE, Recording, RecordingIdentity
+from storage.trajectory import TARGET_COLS, read_trajectory
 from tasks.collect import run_collect
 
 from .conftest import small_twin, write_test_pipeline
@@ -374,3 +375,21 @@ def test_a_network_robot_needs_no_twin_config(tmp_path: Path) -> None:
         load_all(pipeline, {"hardware_backend": "twin"})
     with pytest.raises(ConfigError, match="concurrent_runs needs a robot per run"):
         load_all(pipeline, {"redeploy.concurrent_runs": True})
+
+
+def test_a_truth_whose_sample_was_lost_takes_the_next_samples_target(tmp_path: Path) -> None:
+    """The first sample lost on the wire: the truth of that tick still goes in, with the target of
+    the first sample that came (the run holds one target per segment)."""
+    identity = RecordingIdentity("c", 1, "p", "hash", 50.0, (0, 1, 2), 3.0)
+    recording = Recording(tmp_path, identity, None, checkpoint_every_s=1.0)
+    truth = GroundTruthPacket(0.0, 0, np.zeros((6, 3)), np.zeros((3, 3)), np.tile([1.0, 0, 0, 0], (3, 1)))
+    recording.add(GapPacket(0.0, 0.02, 1))
+    recording.add(truth)
+    target = np.full(6, 0.25)
+    quats = {r: np.array([1.0, 0, 0, 0]) for r in range(3)}
+    recording.add(SensorPacket(0.02, 0, target, np.zeros(6), np.full(9, 0.2), quats, np.zeros(6)))
+    recording.add(dataclasses.replace(truth, t_s=0.02))
+    recording.close(complete=True)
+    rows, meta = read_trajectory(tmp_path / GROUNDTRUTH_FILE, expect_source="groundtruth")
+    assert rows["t"].tolist() == [0.0, 0.02] and (rows[TARGET_COLS].to_numpy() == 0.25).all()
+    assert [(g.t_start_s, g.t_end_s, g.missing) for g in meta.gaps] == [(0.0, 0.02, 1)]

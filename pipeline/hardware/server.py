@@ -80,7 +80,7 @@ class _Link:
     _outbox: list[tuple[float, int, bytes | None, bytes]] = field(default_factory=list, init=False)
     _inbox: list[tuple[float, bytes, bytes]] = field(default_factory=list, init=False)
     _order: int = field(default=0, init=False)
-    _down_since: float | None = field(default=None, init=False)
+    _up: bool = field(default=True, init=False)
     dropped_at: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -98,13 +98,13 @@ class _Link:
 
     @property
     def up(self) -> bool:
-        return self._down_since is None
+        return self._up
 
     def close(self) -> None:
         if self.up:
             self.commands.close()
             self.telemetry.close()
-            self._down_since = time.monotonic()
+            self._up = False
 
     def update(self, run_started: float | None) -> None:
         """Close or reopen the link as :attr:`WireFaults.drop_at_s` says."""
@@ -120,7 +120,7 @@ class _Link:
             self._inbox.clear()
         elif not self.up and self.dropped_at is not None and now >= self.dropped_at + f.drop_for_s:
             self._bind()
-            self._down_since = None
+            self._up = True
             log.warning("serve-twin: link up again")
 
     def _lost(self) -> bool:
@@ -161,10 +161,6 @@ class _Link:
                 self.telemetry.send(data)
             else:
                 self.commands.send_multipart([to, data])
-
-    def next_due_s(self) -> float | None:
-        times = [item[0] for item in self._outbox] + [item[0] for item in self._inbox]
-        return None if not times else max(0.0, min(times) - time.monotonic())
 
 
 @dataclass
@@ -241,15 +237,14 @@ class TwinServer:
             self.speed or "unpaced",
         )
         next_heartbeat = time.monotonic()
+        wait = 0.05  # s to wait for commands before the next step
         try:
             while not should_stop():
                 link = self._link
                 link.update(self._first_run_at)
-                wait = 0.0 if self._run is not None else 0.05
                 for sender, data in link.receive(wait):
                     link.send(self._answer(data), to=sender)
-                if self._run is not None:
-                    self._advance()
+                wait = self._advance() if self._run is not None else 0.05
                 now = time.monotonic()
                 if now >= next_heartbeat:
                     link.send(encode(self._heartbeat(), self.version))
@@ -371,8 +366,9 @@ class TwinServer:
         if self._first_run_at is None:
             self._first_run_at = now
 
-    def _advance(self, most: int = 8) -> None:
-        """Send up to ``most`` of the run's packets whose time has come; end the run when its stream does."""
+    def _advance(self, most: int = 8) -> float:
+        """Send up to ``most`` of the run's packets whose time has come; end the run when its stream
+        does. Returns how long the loop may wait for commands before the next packet is due (s)."""
         run = self._run
         assert run is not None and self._link is not None
         if time.monotonic() - self._heard > self.watchdog_s and run.stop_reason is None:
@@ -385,13 +381,14 @@ class TwinServer:
                     run.next_packet = next(run.packets)
                 except StopIteration:
                     self._end(run, run.stop_reason or "done", "")
-                    return
+                    return 0.0
                 except HardwareError as exc:
                     self._end(run, "fault", str(exc))
-                    return
+                    return 0.0
             packet = run.next_packet
-            if self.speed > 0 and time.monotonic() < run.started + packet.t_s / self.speed:
-                return
+            due = run.started + packet.t_s / self.speed - time.monotonic() if self.speed > 0 else 0.0
+            if due > 0:
+                return min(due, 0.01)
             run.next_packet = None
             if isinstance(packet, GroundTruthPacket) and not self.truth:
                 continue
@@ -400,6 +397,7 @@ class TwinServer:
             run.sent += 1
             self._last_sent = run.sent
             self._last_t = packet.t_s
+        return 0.0
 
     def _reached(self, packet: SensorPacket) -> bool:
         position = length_to_target(self.twin.robot, packet.cable_m[:6])
