@@ -290,6 +290,31 @@ def import_tribar(
     Console().print(f"stage output: {ref.path}")
 
 
+@app.command("import-bag")
+@user_errors
+def import_bag(
+    bag: Annotated[
+        Path, typer.Argument(help="A ROS 1 .bag file or a ROS 2 bag folder; topics: the config's bag_import.")
+    ],
+    campaign: Annotated[
+        str | None, typer.Option("--campaign", help="Campaign to import into (default: the config's).")
+    ] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+    iteration: IterationOption = 1,
+    set_: SetOption = None,
+) -> None:
+    """Import a robot's ROS 1 or ROS 2 bag as iteration K's collect stage, then print the report."""
+    overrides = parse_overrides(set_)
+    if campaign is not None:
+        overrides["campaign"] = campaign
+    configs = _load(config, overrides)
+    from tasks.import_recording import run_import_bag
+
+    ref, summary = run_import_bag(configs, iteration, bag)
+    Console().print(_summary_table(f"import {bag} -> {configs.pipeline.campaign} iteration {iteration}", summary))
+    Console().print(f"stage output: {ref.path}")
+
+
 @app.command()
 @user_errors
 def follow(

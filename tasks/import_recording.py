@@ -1,4 +1,4 @@
-"""Import a real recording (Tribar layout) as an iteration's ``collect`` stage output.
+"""Import a real recording (Tribar layout, or a ROS bag) as an iteration's ``collect`` stage output.
 
 :func:`run_import` writes the same layout and manifest as :func:`tasks.collect.run_collect`
 (``<stage>/<policy_id>/{hardware,frames}.parquet``, ``policy.json``, ``plots/``,
@@ -12,6 +12,7 @@ import logging
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from pipeline.config import LoadedConfigs, config_hash
 from pipeline.errors import DataError
 from storage.layout import Ref, RunLayout, complete_stage_ref, set_aside, write_manifest
 from storage.recording import write_first_frame_plot, write_policy_json
+from storage.rosbag_import import bag_digest, import_bag
 from storage.tribar import (
     DEFAULT_MIN_IMPORTED_SHARE,
     Extrinsics,
@@ -59,20 +61,10 @@ def run_import(
     import summary (:meth:`ImportReport.summary` plus ``policy_id``).
     """
     src_dir = Path(src_dir)
-    layout = RunLayout.of(configs)
-    stage_dir = layout.stage_dir(iteration, STAGE)
-    if complete_stage_ref(stage_dir) is not None:
-        raise DataError(
-            f"{stage_dir}: already holds a complete collection; import into another iteration or campaign "
-            "(collected data are never overwritten)"
-        )
     read_tribar_config(src_dir, extrinsics)
     name = import_policy_name(src_dir)
-    policy_id = f"{name}-{source_digest(src_dir)[:8]}"
-    stage_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{STAGE}-import-", dir=stage_dir.parent))
-    try:
-        folder = work / policy_id
+
+    def write(folder: Path, policy_id: str) -> tuple[np.ndarray, dict[str, object]]:
         report = import_tribar(
             src_dir,
             folder,
@@ -83,9 +75,62 @@ def run_import(
             extrinsics=extrinsics,
             min_imported_share=min_imported_share,
         )
-        write_policy_json(folder, name, policy_id, np.array(report.targets))
+        return np.array(report.targets), report.summary()
+
+    return _into_collect(configs, iteration, src_dir, name, f"{name}-{source_digest(src_dir)[:8]}", write)
+
+
+def run_import_bag(configs: LoadedConfigs, iteration: int, bag: str | Path) -> tuple[Ref, dict[str, object]]:
+    """Import the ROS 1 or ROS 2 bag ``bag`` (a ``.bag`` file or a ROS 2 bag folder) into
+    ``runs/<campaign>/iter_<iteration>/collect/`` with the topic map ``bag_import``
+    (:func:`storage.rosbag_import.import_bag`), as :func:`run_import` does a Tribar folder."""
+    bag = Path(bag)
+    if not bag.exists():
+        raise DataError(f"{bag}: no such bag (a .bag file, or a ROS 2 bag folder)")
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", bag.resolve().stem).strip("-.")[:48] or "recording"
+    name = f"bag-{slug}"
+
+    def write(folder: Path, policy_id: str) -> tuple[np.ndarray, dict[str, object]]:
+        report = import_bag(
+            bag,
+            configs.pipeline.bag_import,
+            folder,
+            campaign=configs.pipeline.campaign,
+            iteration=iteration,
+            policy_id=policy_id,
+            robot_config_hash=config_hash(configs.robot),
+        )
+        return np.array(report.targets), report.summary()
+
+    return _into_collect(configs, iteration, bag, name, f"{name}-{bag_digest(bag)[:8]}", write)
+
+
+def _into_collect(
+    configs: LoadedConfigs,
+    iteration: int,
+    source: Path,
+    name: str,
+    policy_id: str,
+    write: Callable[[Path, str], tuple[np.ndarray, dict[str, object]]],
+) -> tuple[Ref, dict[str, object]]:
+    """Write an import as iteration ``iteration``'s collect stage: ``write(folder, policy_id)`` fills
+    the recording folder and returns the policy's targets and the import's summary. Refuses to
+    replace a complete collect stage; works in a temporary folder renamed into place when done."""
+    layout = RunLayout.of(configs)
+    stage_dir = layout.stage_dir(iteration, STAGE)
+    if complete_stage_ref(stage_dir) is not None:
+        raise DataError(
+            f"{stage_dir}: already holds a complete collection; import into another iteration or campaign "
+            "(collected data are never overwritten)"
+        )
+    stage_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{STAGE}-import-", dir=stage_dir.parent))
+    try:
+        folder = work / policy_id
+        targets, report = write(folder, policy_id)
+        write_policy_json(folder, name, policy_id, targets)
         write_first_frame_plot(work, folder)
-        summary: dict[str, object] = {"policy_id": policy_id, **report.summary()}
+        summary: dict[str, object] = {"policy_id": policy_id, **report}
         written = write_manifest(work, STAGE, complete=True, summary=summary)
         if stage_dir.exists():
             set_aside(layout, stage_dir, "incomplete")
@@ -94,5 +139,5 @@ def run_import(
         shutil.rmtree(work, ignore_errors=True)
         raise
     ref = Ref(path=str(stage_dir), sha256=written.sha256)
-    log.info("imported %s as %s", src_dir, ref.path)
+    log.info("imported %s as %s", source, ref.path)
     return ref, summary

@@ -25,6 +25,7 @@ from pipeline.config.loading import (
     robot_with_overlay,
 )
 from pipeline.config.network import CameraSourceConfig, NetworkConfig
+from pipeline.config.recordings import BagTopicsConfig
 from pipeline.config.robot import (
     ActuatedCableConfig,
     AttachmentConfig,
@@ -79,6 +80,7 @@ __all__ = [
     "ActuatedCableConfig",
     "AttachConfig",
     "AttachmentConfig",
+    "BagTopicsConfig",
     "CameraConfig",
     "CameraSourceConfig",
     "CapPair",

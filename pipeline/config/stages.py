@@ -12,6 +12,7 @@ from pipeline.config.base import Fraction, Positive, StrictModel
 from pipeline.config.follow import FollowConfig
 from pipeline.config.learned import LearnConfig
 from pipeline.config.network import CameraSourceConfig, NetworkConfig
+from pipeline.config.recordings import BagTopicsConfig
 from pipeline.config.sysid import SysidConfig
 
 
@@ -232,6 +233,7 @@ class PipelineConfig(StrictModel):
     )
     network: NetworkConfig = NetworkConfig()
     camera: CameraSourceConfig = CameraSourceConfig()
+    bag_import: BagTopicsConfig = BagTopicsConfig()
     collect: CollectConfig
     track: TrackConfig = TrackConfig()
     attach: AttachConfig = AttachConfig()
