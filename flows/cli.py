@@ -290,6 +290,30 @@ def import_tribar(
     Console().print(f"stage output: {ref.path}")
 
 
+@app.command("import-r2s2r")
+@user_errors
+def import_r2s2r(
+    path: Annotated[Path, typer.Argument(help="A processed_data.json of the R2S2R paper's code.")],
+    campaign: Annotated[
+        str | None, typer.Option("--campaign", help="Campaign to import into (default: the config's).")
+    ] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+    iteration: IterationOption = 1,
+    set_: SetOption = None,
+) -> None:
+    """Import a processed trajectory of the R2S2R paper's code as iteration K's collect stage (end
+    caps as given, no frames), then print the report."""
+    overrides = parse_overrides(set_)
+    if campaign is not None:
+        overrides["campaign"] = campaign
+    configs = _load(config, overrides)
+    from tasks.import_recording import run_import_published
+
+    ref, summary = run_import_published(configs, iteration, path)
+    Console().print(_summary_table(f"import {path} -> {configs.pipeline.campaign} iteration {iteration}", summary))
+    Console().print(f"stage output: {ref.path}")
+
+
 @app.command("import-bag")
 @user_errors
 def import_bag(

@@ -126,3 +126,19 @@ def infer_attachment(robot: RobotConfig, caps_rest: np.ndarray, cables_rest_m: n
         points_m=ring_points(robot, caps, phases),
         cable_residual_m=residual,
     )
+
+
+def config_attachment(robot: RobotConfig, caps_rest: np.ndarray) -> AttachmentEstimate:
+    """The robot config's attachment points placed on the rest-state end caps ``caps_rest`` (6, 3)
+    m: what a recording without cable readings (end caps only) can say. ``arrangement`` is
+    ``config`` and the residuals are NaN (nothing was sensed to compare with)."""
+    caps = np.asarray(caps_rest, float)
+    centres, _ = rod_frames(robot, caps)
+    phases = np.asarray(robot.attachment.phase_rad, float)
+    return AttachmentEstimate(
+        phase_rad=tuple(float(p) for p in phases),
+        centre_rod=int(np.argmin(np.linalg.norm(centres[:, :2] - caps.mean(axis=0)[:2], axis=1))),
+        arrangement="config",
+        points_m=ring_points(robot, caps, phases),
+        cable_residual_m=np.full(9, np.nan),
+    )

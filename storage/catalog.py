@@ -130,12 +130,18 @@ def load_recordings(collect_ref: Ref, track_ref: Ref, segment_timeout_s: float) 
     """Every recording of the collect stage with its tracked end caps, by policy id. A recording
     that a fault cut short (marked incomplete) is used up to its last finished segment. Each
     keeps the segment timeout it was recorded with (redeploy runs have their own); one whose
-    metadata does not say (an import) gets ``segment_timeout_s`` (s)."""
+    metadata does not say (an import) gets ``segment_timeout_s`` (s). Of samples or frames with the
+    same stamp the first is read; a recording without cable readings has NaN lengths."""
     recordings = {}
     for folder in recording_folders(collect_ref):
         sensors, meta = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
         tracked, _ = read_trajectory(tracked_file(track_ref, folder.name), expect_source="tracked")
-        sensors = sensors[np.isfinite(sensors[CABLE_COLS].to_numpy()).all(axis=1)]
+        # of samples (or frames) with the same stamp, which imported recordings may have, the first is read
+        sensors = sensors[np.r_[True, np.diff(sensors["t"].to_numpy()) > 0]]
+        tracked = tracked[np.r_[True, np.diff(tracked["t"].to_numpy()) > 0]]
+        if meta.cables_recorded:
+            sensors = sensors[np.isfinite(sensors[CABLE_COLS].to_numpy()).all(axis=1)]
+        cables = sensors[CABLE_COLS].to_numpy() if meta.cables_recorded else np.full((len(sensors), 9), np.nan)
         if not meta.complete:  # cut short by a fault: its last segment never ended
             sensors = sensors[sensors["segment"] < sensors["segment"].max()]
             if len(sensors) < 2:
@@ -148,7 +154,7 @@ def load_recordings(collect_ref: Ref, track_ref: Ref, segment_timeout_s: float) 
             segment=sensors["segment"].to_numpy(),
             targets=sensors[TARGET_COLS].to_numpy(),
             control=sensors[CONTROL_COLS].to_numpy() if meta.control_recorded else None,
-            cables_m=sensors[CABLE_COLS].to_numpy(),
+            cables_m=cables,
             caps_t_s=tracked["t"].to_numpy(),
             caps_m=caps_array(tracked),
             segment_timeout_s=meta.segment_timeout_s or segment_timeout_s,

@@ -53,6 +53,9 @@ HARDWARE_FILE = "hardware.parquet"
 GROUNDTRUTH_FILE = "groundtruth.parquet"
 FRAMES_FILE = "frames.parquet"
 POLICY_FILE = "policy.json"
+GIVEN_CAPS_FILE = "given_caps.parquet"
+"""End caps that came with an imported recording (``source = tracked``, ``method: given``): the
+track stage takes them as they are."""
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pipeline.perception.tracker import CapTracker
 from pipeline.robot_model import build_cables
 from pipeline.state_estimation import estimate_trajectory
 from storage.frames import camera_from_meta, iter_frames
-from storage.recording import FRAMES_FILE, HARDWARE_FILE
+from storage.recording import FRAMES_FILE, GIVEN_CAPS_FILE, HARDWARE_FILE
 from storage.tables import read_meta
 from storage.trajectory import make_meta, read_trajectory, write_trajectory
 
@@ -39,7 +39,12 @@ def tracked_under(path: Path) -> str | None:
 
 
 def track_recording(robot: RobotConfig, config: TrackConfig, folder: Path) -> tuple[pd.DataFrame, dict[str, object]]:
-    """Track one recording folder; returns the tracked rows and the run's figures."""
+    """Track one recording folder; returns the tracked rows and the run's figures. End caps that
+    came with the recording (an import, :data:`~storage.recording.GIVEN_CAPS_FILE`) are taken as
+    they are, whatever the method."""
+    if (folder / GIVEN_CAPS_FILE).is_file():
+        given, meta = read_trajectory(folder / GIVEN_CAPS_FILE, expect_source="tracked")
+        return given, {"method": "given", "samples": len(given), "source": str(meta.model_extra.get("source_dir"))}
     sensors, _ = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
     if config.method == "onboard":
         start = time.perf_counter()

@@ -85,6 +85,8 @@ class TrajectoryMeta(BaseModel):
     units: dict[str, str]
     complete: bool
     control_recorded: bool = True
+    cables_recorded: bool = True
+    """False for a recording without cable readings (end caps given, e.g. a published trajectory)."""
     segment_timeout_s: float | None = Field(default=None, gt=0)
     gaps: list[Gap] = Field(default_factory=list)
 
@@ -92,6 +94,8 @@ class TrajectoryMeta(BaseModel):
     def _control_only_optional_for_hardware(self) -> TrajectoryMeta:
         if not self.control_recorded and self.source != "hardware":
             raise ValueError(f"control_recorded may be false only for source 'hardware', not '{self.source}'")
+        if not self.cables_recorded and self.source != "hardware":
+            raise ValueError(f"cables_recorded may be false only for source 'hardware', not '{self.source}'")
         return self
 
 
@@ -176,6 +180,11 @@ def _validate_frame(path: Path, df: pd.DataFrame, meta: TrajectoryMeta) -> None:
         present = [c for c in CONTROL_COLS if c in df.columns]
         if present:
             raise DataError(f"{path}: metadata says control_recorded = false but the file has columns {present}")
+    if not meta.cables_recorded:
+        required = [c for c in required if c not in CABLE_COLS]
+        present = [c for c in CABLE_COLS if c in df.columns]
+        if present:
+            raise DataError(f"{path}: metadata says cables_recorded = false but the file has columns {present}")
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise DataError(f"{path}: source '{source}' requires columns {missing[:6]}{'...' if len(missing) > 6 else ''}")

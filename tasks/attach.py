@@ -10,13 +10,14 @@ and the manifest.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import yaml
 from prefect import task
 
-from pipeline.attachment import AttachmentEstimate, infer_attachment
+from pipeline.attachment import AttachmentEstimate, config_attachment, infer_attachment
 from pipeline.config import LoadedConfigs, RobotConfig, robot_with_overlay
 from pipeline.errors import DataError
 from pipeline.plots import attachment_views
@@ -28,15 +29,20 @@ from storage.tracking import StageContext
 from storage.trajectory import CABLE_COLS, caps_array, read_trajectory
 
 STAGE = "attach"
+log = logging.getLogger(__name__)
 
 
-def rest_state(track_ref: Ref, collect_ref: Ref, window_s: float) -> tuple[str, np.ndarray, np.ndarray]:
+def rest_state(track_ref: Ref, collect_ref: Ref, window_s: float) -> tuple[str, np.ndarray, np.ndarray | None]:
     """Policy id, mean tracked end caps (6, 3) m and mean sensed cable lengths (9,) m over
-    the first ``window_s`` seconds of the first recording."""
+    the first ``window_s`` seconds of the first recording (None: it has no cable readings)."""
     folder = recording_folders(collect_ref)[0]
     tracked, _ = read_trajectory(tracked_file(track_ref, folder.name), expect_source="tracked")
-    sensors, _ = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
+    sensors, meta = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
     caps = caps_array(tracked)[tracked["t"].to_numpy() <= tracked["t"].iloc[0] + window_s]
+    if not meta.cables_recorded:
+        if len(caps) == 0:
+            raise DataError(f"{folder}: no tracked frame in the first {window_s} s (the rest state)")
+        return folder.name, caps.mean(axis=0), None
     cables = sensors[CABLE_COLS].to_numpy()[sensors["t"].to_numpy() <= sensors["t"].iloc[0] + window_s]
     cables = cables[np.isfinite(cables).all(axis=1)]
     if len(caps) == 0 or len(cables) == 0:
@@ -69,7 +75,11 @@ def run_attach(
     """Infer the attachment points and write the stage output. Returns the ref and summary."""
     robot = configs.robot
     policy_id, caps, cables = rest_state(track_ref, collect_ref, configs.pipeline.attach.rest_window_s)
-    estimate = infer_attachment(robot, caps, cables)
+    if cables is None:  # end caps only: the cable readings that would place the points are missing
+        log.warning("attach: %s has no cable readings; keeping the robot config's attachment points", policy_id)
+        estimate = config_attachment(robot, caps)
+    else:
+        estimate = infer_attachment(robot, caps, cables)
     stage_dir = RunLayout.of(configs).stage_dir(iteration, STAGE)
     stage_dir.mkdir(parents=True, exist_ok=True)
     write_attachment(stage_dir, robot, estimate, caps)
@@ -79,6 +89,7 @@ def run_attach(
         "centre_rod": estimate.centre_rod,
         "arrangement": estimate.arrangement,
         "rest_cable_residual_rms_m": float(np.sqrt(np.mean(estimate.cable_residual_m**2))),
+        "inferred": cables is not None,
     }
     return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary
 

@@ -20,6 +20,7 @@ import numpy as np
 from pipeline.config import LoadedConfigs, config_hash
 from pipeline.errors import DataError
 from storage.layout import Ref, RunLayout, complete_stage_ref, set_aside, write_manifest
+from storage.published import file_digest, import_published
 from storage.recording import write_first_frame_plot, write_policy_json
 from storage.rosbag_import import bag_digest, import_bag
 from storage.tribar import (
@@ -103,6 +104,30 @@ def run_import_bag(configs: LoadedConfigs, iteration: int, bag: str | Path) -> t
         return np.array(report.targets), report.summary()
 
     return _into_collect(configs, iteration, bag, name, f"{name}-{bag_digest(bag)[:8]}", write)
+
+
+def run_import_published(configs: LoadedConfigs, iteration: int, path: str | Path) -> tuple[Ref, dict[str, object]]:
+    """Import a processed trajectory published with the R2S2R paper's code (a JSON list of frames,
+    :mod:`storage.published`) into ``runs/<campaign>/iter_<iteration>/collect/``: the end caps as
+    given (the track stage takes them), targets and commands, no cable readings or frames."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file (a processed_data.json of the R2S2R code)")
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{path.resolve().parent.name}-{path.stem}").strip("-.")[:48]
+    name = f"r2s2r-{slug or 'recording'}"
+
+    def write(folder: Path, policy_id: str) -> tuple[np.ndarray, dict[str, object]]:
+        report = import_published(
+            path,
+            folder,
+            campaign=configs.pipeline.campaign,
+            iteration=iteration,
+            policy_id=policy_id,
+            robot_config_hash=config_hash(configs.robot),
+        )
+        return np.array(report.targets), report.summary()
+
+    return _into_collect(configs, iteration, path, name, f"{name}-{file_digest(path)[:8]}", write)
 
 
 def _into_collect(

@@ -108,11 +108,12 @@ class _Observations:
     def __init__(self, leads: list[LeadIn], tick_s: float) -> None:
         self.ticks = int(np.ceil(max(lead.span_s for lead in leads) / tick_s + 1e-9)) + 1
         offsets = tick_s * np.arange(self.ticks)
-        self.cables_m = torch.tensor(
-            np.stack([[lead.recording.cables_at(lead.t_s + o) for o in offsets] for lead in leads])
-        )
-        self.cable_mask = torch.tensor(offsets[None] <= np.array([lead.span_s for lead in leads])[:, None] + 1e-9)
-        self.last_tick = self.cable_mask.sum(1) - 1
+        cables = np.stack([[lead.recording.cables_at(lead.t_s + o) for o in offsets] for lead in leads])
+        inside = offsets[None] <= np.array([lead.span_s for lead in leads])[:, None] + 1e-9
+        self.last_tick = torch.tensor(inside.sum(1) - 1)
+        # a recording without cable readings (end caps only) has NaN lengths: they weigh nothing
+        self.cable_mask = torch.tensor(inside[:, :, None] & np.isfinite(cables))
+        self.cables_m = torch.tensor(np.nan_to_num(cables))
         frames = []
         for lead in leads:
             times = lead.recording.caps_t_s
@@ -156,7 +157,7 @@ class StartResiduals:
     def count(self) -> int:
         """Number of data residuals over every window (the expected cost of the truth on noisy data)."""
         observed = self.observed
-        return int(observed.cap_mask.sum()) * 6 * 3 + int(observed.cable_mask.sum()) * observed.cables_m.shape[2]
+        return int(observed.cap_mask.sum()) * 6 * 3 + int(observed.cable_mask.sum())
 
     def __call__(self, z: torch.Tensor, rows: torch.Tensor, params: Params) -> torch.Tensor:
         """Residuals (N, R) of perturbations ``z`` (N, :data:`COORDINATES`) of windows ``rows``
@@ -190,7 +191,7 @@ class StartResiduals:
             cables = torch.cat([cables, cables[:, -1:].expand(-1, pad, -1)], 1)
         at_frames = caps[torch.arange(len(rows))[:, None], observed.cap_ticks[rows]]
         cap_res = (at_frames - observed.caps_m[rows]) / self.caps_sigma_m * observed.cap_mask[rows, :, None, None]
-        cable_res = (cables - observed.cables_m[rows]) / self.cable_sigma_m * observed.cable_mask[rows, :, None]
+        cable_res = (cables - observed.cables_m[rows]) / self.cable_sigma_m * observed.cable_mask[rows]
         return torch.cat([cap_res.flatten(1), cable_res.flatten(1)], 1), end
 
 

@@ -26,7 +26,7 @@ from pipeline.physics.params import Params
 from pipeline.physics.rollout import Trace, run_policy, settle, state_from_caps
 from pipeline.physics.rotations import quat_to_matrix
 from pipeline.physics.statics import equilibrium_rest_lengths
-from pipeline.robot_model import build_cables
+from pipeline.robot_model import N_ACTUATED, build_cables, cable_lengths_from_caps, length_to_target
 from pipeline.sysid.data import Recording
 
 GROUND_SNAP_M = 0.008
@@ -64,12 +64,16 @@ def window_starts(
     batch = len(starts)
     dtype = engine.model.dtype
     params = params.replace(**{k: v.detach() for k, v in params.as_dict().items()}).expand(batch)
-    fusion = PoseFusion(robot, build_cables(robot, robot.attachment.phase_rad), CABLE_SIGMA_M, ROLL_SIGMA_RAD)
+    cables = build_cables(robot, robot.attachment.phase_rad)
+    fusion = PoseFusion(robot, cables, CABLE_SIGMA_M, ROLL_SIGMA_RAD)
     data_caps = np.stack([rec.caps_at(np.array([t]))[0] for rec, t in starts])
     fused = np.stack(
         [fused_caps(robot, fusion, caps, rec.cables_at(t)) for caps, (rec, t) in zip(data_caps, starts, strict=True)]
     )
-    hold = torch.tensor(np.stack([rec.positions_at(robot, t) for rec, t in starts]), dtype=dtype)
+    positions = np.stack([rec.positions_at(robot, t) for rec, t in starts])
+    # a recording without cable readings (end caps only): hold the lengths its end caps imply
+    implied = length_to_target(robot, cable_lengths_from_caps(robot, cables, fused)[:, :N_ACTUATED])
+    hold = torch.tensor(np.where(np.isfinite(positions), positions, implied), dtype=dtype)
     tight = robot.pid.model_copy(update={"tolerance": SETTLE_TOLERANCE})
     state = snap_to_ground(engine, state_from_caps(engine, params, fused))
     state = state.replace(rest_length=equilibrium_rest_lengths(engine, params, state))
