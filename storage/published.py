@@ -21,9 +21,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pipeline.config import RobotConfig
 from pipeline.errors import DataError
-from storage.recording import GIVEN_CAPS_FILE, HARDWARE_FILE
-from storage.trajectory import CAP_COLS, CONTROL_COLS, TARGET_COLS, make_meta, write_trajectory
+from storage.files import atomic_write_bytes
+from storage.recording import GIVEN_CAPS_FILE, GROUNDTRUTH_FILE, HARDWARE_FILE
+from storage.trajectory import (
+    CABLE_COLS,
+    CAP_COLS,
+    CONTROL_COLS,
+    TARGET_COLS,
+    caps_array,
+    make_meta,
+    read_trajectory,
+    write_trajectory,
+)
 
 LENGTH_SCALE = 10.0
 """The published code's length unit: 10 units a metre."""
@@ -155,3 +166,29 @@ def import_published(
     given.update(zip(CAP_COLS, caps.reshape(len(t), 18).T, strict=True))
     write_trajectory(dest_folder / GIVEN_CAPS_FILE, pd.DataFrame(given), make_meta("tracked", method="given", **meta))
     return report
+
+
+def export_published(folder: Path, robot: RobotConfig, path: Path, every: int = 1, start_time_s: float = 0.0) -> int:
+    """Write the twin recording in ``folder`` (its hardware and ground-truth trajectories) in the
+    published format: every ``every``-th tick, stamps from ``start_time_s`` (s, Unix time), the
+    true end caps as the tracked ones, the PID's settings from ``robot`` and the sensed actuated
+    lengths of the first tick as ``init_act_lens``. Returns how many frames were written."""
+    hardware, _ = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
+    truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
+    caps = caps_array(truth) * LENGTH_SCALE
+    frames = []
+    for i in range(0, min(len(hardware), len(truth)), every):
+        frame: dict[str, object] = {"time": round(start_time_s + float(truth["t"].iloc[i]), 3)}
+        frame.update({key: caps[i, c].tolist() for c, key in enumerate(CAP_KEYS)})
+        frame["target_gaits"] = hardware[TARGET_COLS].iloc[i].tolist()
+        frame["controls"] = hardware[CONTROL_COLS].iloc[i].tolist()
+        frames.append(frame)
+    frames[0].update(
+        min_length=robot.actuated_cable.min_length_m * LENGTH_SCALE,
+        RANGE=robot.actuated_cable.range_m * LENGTH_SCALE,
+        tol=robot.pid.tolerance,
+        motor_speed=robot.motor.speed,
+        init_act_lens=(hardware[CABLE_COLS[:6]].iloc[0].to_numpy() * LENGTH_SCALE).tolist(),
+    )
+    atomic_write_bytes(path, json.dumps(frames).encode())
+    return len(frames)

@@ -18,47 +18,31 @@ import pytest
 
 from pipeline.config import LoadedConfigs, load_all
 from pipeline.errors import DataError
-from pipeline.hardware.base import GroundTruthPacket, SensorPacket
-from pipeline.hardware.twin import MujocoTwin
-from pipeline.policies import random_policy
 from storage.catalog import tracked_file
 from storage.layout import Ref, read_manifest
-from storage.published import CAP_KEYS, LENGTH_SCALE
+from storage.published import CAP_KEYS, LENGTH_SCALE, export_published
 from storage.recording import HARDWARE_FILE
 from storage.trajectory import CABLE_COLS, caps_array, read_trajectory
 from tasks.attach import run_attach
+from tasks.collect import run_collect
 from tasks.import_recording import run_import_published
 from tasks.sysid import run_sysid, sysid_data
 from tasks.track import run_track
 
-from .conftest import small_twin, write_test_pipeline
+from .conftest import write_test_pipeline
 
 START_S = 1_650_000_000.0
 
 
 @pytest.fixture(scope="module")
-def frames(default_configs: LoadedConfigs) -> list[dict]:
-    """A twin run of 6 random targets in the published format, every other tick (25 Hz, as tracked)."""
-    twin = MujocoTwin(default_configs.robot, small_twin(default_configs.twin))
-    packets = list(twin.execute(random_policy(default_configs.robot, 6, seed=2), 3.0, record_frames=False))
-    twin.close()
-    samples = [p for p in packets if isinstance(p, SensorPacket)]
-    truth = [p for p in packets if isinstance(p, GroundTruthPacket)]
-    out = []
-    for sample, state in list(zip(samples, truth, strict=True))[::2]:
-        frame = {"time": round(START_S + state.t_s + 0.003 * np.sin(7 * state.t_s), 3), "pos": [0.0] * 21}
-        frame.update({key: (state.caps_m[c] * LENGTH_SCALE).tolist() for c, key in enumerate(CAP_KEYS)})
-        frame.update(target_gaits=sample.target.tolist(), controls=np.asarray(sample.control).tolist())
-        out.append(frame)
-    robot = default_configs.robot
-    out[0].update(
-        min_length=robot.actuated_cable.min_length_m * LENGTH_SCALE,
-        RANGE=robot.actuated_cable.range_m * LENGTH_SCALE,
-        tol=robot.pid.tolerance,
-        motor_speed=robot.motor.speed,
-        init_act_lens=[0.0] * 6,
-    )
-    return out
+def frames(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """A twin collect of 6 random targets in the published format, every other tick (25 Hz, as tracked)."""
+    folder = tmp_path_factory.mktemp("published")
+    configs = load_all(write_test_pipeline(folder, n_targets=6, record_frames=False))
+    ref, summary = run_collect(configs, 1, show_progress=False)
+    path = folder / "processed_data.json"
+    export_published(Path(ref.path) / summary["policy_id"], configs.robot, path, every=2, start_time_s=START_S)
+    return json.loads(path.read_text())
 
 
 def _write(path: Path, frames: list[dict]) -> Path:
