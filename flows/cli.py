@@ -35,6 +35,9 @@ console = Console(stderr=True)
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="Pipeline config (YAML).")]
 IterationOption = Annotated[int, typer.Option("--iteration", "-k", min=1, help="Iteration number (1-based).")]
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config value: key.path=value (YAML).")]
+ImportCampaignOption = Annotated[
+    str | None, typer.Option("--campaign", help="Campaign to import into (default: the config's).")
+]
 DEFAULT_CONFIG = Path("configs/pipeline/default.yaml")
 P = ParamSpec("P")
 
@@ -254,13 +257,28 @@ def status(
             console.print(f"iteration {iteration} {stage}: corrupt: {problem}", markup=False, highlight=False)
 
 
+def _import(
+    config: Path,
+    overrides: dict[str, object],
+    campaign: str | None,
+    iteration: int,
+    source: Path,
+    run: Callable[[LoadedConfigs], tuple[object, dict[str, object]]],
+) -> None:
+    """Load the configs (into ``campaign`` if given), import with ``run`` and print its report."""
+    if campaign is not None:
+        overrides = {**overrides, "campaign": campaign}
+    configs = _load(config, overrides)
+    ref, summary = run(configs)
+    Console().print(_summary_table(f"import {source} -> {configs.pipeline.campaign} iteration {iteration}", summary))
+    Console().print(f"stage output: {ref.path}")
+
+
 @app.command("import-tribar")
 @user_errors
 def import_tribar(
     src: Annotated[Path, typer.Argument(help="Tribar recording folder: color/, depth/, data/, config.json.")],
-    campaign: Annotated[
-        str | None, typer.Option("--campaign", help="Campaign to import into (default: the config's).")
-    ] = None,
+    campaign: ImportCampaignOption = None,
     config: ConfigOption = DEFAULT_CONFIG,
     iteration: IterationOption = 1,
     extrinsics: Annotated[
@@ -279,39 +297,35 @@ def import_tribar(
         raise ConfigError(f"--extrinsics {extrinsics!r}: expected camera_to_world or world_to_camera")
     if not 0.0 <= min_share <= 1.0:
         raise ConfigError(f"--min-share {min_share}: expected a share between 0 and 1")
-    if campaign is not None:
-        overrides["campaign"] = campaign
-    configs = _load(config, overrides)
     from storage.tribar import Extrinsics
     from tasks.import_recording import run_import
 
-    ref, summary = run_import(configs, iteration, src, Extrinsics(extrinsics), min_share)
-    Console().print(_summary_table(f"import {src} -> {configs.pipeline.campaign} iteration {iteration}", summary))
-    Console().print(f"stage output: {ref.path}")
+    _import(
+        config,
+        overrides,
+        campaign,
+        iteration,
+        src,
+        lambda c: run_import(c, iteration, src, Extrinsics(extrinsics), min_share),
+    )
 
 
 @app.command("import-r2s2r")
 @user_errors
 def import_r2s2r(
     path: Annotated[Path, typer.Argument(help="A processed_data.json of the R2S2R paper's code.")],
-    campaign: Annotated[
-        str | None, typer.Option("--campaign", help="Campaign to import into (default: the config's).")
-    ] = None,
+    campaign: ImportCampaignOption = None,
     config: ConfigOption = DEFAULT_CONFIG,
     iteration: IterationOption = 1,
     set_: SetOption = None,
 ) -> None:
     """Import a processed trajectory of the R2S2R paper's code as iteration K's collect stage (end
     caps as given, no frames), then print the report."""
-    overrides = parse_overrides(set_)
-    if campaign is not None:
-        overrides["campaign"] = campaign
-    configs = _load(config, overrides)
     from tasks.import_recording import run_import_published
 
-    ref, summary = run_import_published(configs, iteration, path)
-    Console().print(_summary_table(f"import {path} -> {configs.pipeline.campaign} iteration {iteration}", summary))
-    Console().print(f"stage output: {ref.path}")
+    _import(
+        config, parse_overrides(set_), campaign, iteration, path, lambda c: run_import_published(c, iteration, path)
+    )
 
 
 @app.command("import-bag")
@@ -320,23 +334,15 @@ def import_bag(
     bag: Annotated[
         Path, typer.Argument(help="A ROS 1 .bag file or a ROS 2 bag folder; topics: the config's bag_import.")
     ],
-    campaign: Annotated[
-        str | None, typer.Option("--campaign", help="Campaign to import into (default: the config's).")
-    ] = None,
+    campaign: ImportCampaignOption = None,
     config: ConfigOption = DEFAULT_CONFIG,
     iteration: IterationOption = 1,
     set_: SetOption = None,
 ) -> None:
     """Import a robot's ROS 1 or ROS 2 bag as iteration K's collect stage, then print the report."""
-    overrides = parse_overrides(set_)
-    if campaign is not None:
-        overrides["campaign"] = campaign
-    configs = _load(config, overrides)
     from tasks.import_recording import run_import_bag
 
-    ref, summary = run_import_bag(configs, iteration, bag)
-    Console().print(_summary_table(f"import {bag} -> {configs.pipeline.campaign} iteration {iteration}", summary))
-    Console().print(f"stage output: {ref.path}")
+    _import(config, parse_overrides(set_), campaign, iteration, bag, lambda c: run_import_bag(c, iteration, bag))
 
 
 @app.command()

@@ -8,6 +8,7 @@ downstream stages run on it as on a twin collection.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import shutil
@@ -20,12 +21,13 @@ import numpy as np
 from pipeline.config import LoadedConfigs, config_hash
 from pipeline.errors import DataError
 from storage.layout import Ref, RunLayout, complete_stage_ref, set_aside, write_manifest
-from storage.published import file_digest, import_published
+from storage.published import PublishedReport, file_digest, import_published
 from storage.recording import write_first_frame_plot, write_policy_json
-from storage.rosbag_import import bag_digest, import_bag
+from storage.rosbag_import import BagReport, bag_digest, import_bag
 from storage.tribar import (
     DEFAULT_MIN_IMPORTED_SHARE,
     Extrinsics,
+    ImportReport,
     import_tribar,
     read_tribar_config,
     source_digest,
@@ -64,21 +66,8 @@ def run_import(
     src_dir = Path(src_dir)
     read_tribar_config(src_dir, extrinsics)
     name = import_policy_name(src_dir)
-
-    def write(folder: Path, policy_id: str) -> tuple[np.ndarray, dict[str, object]]:
-        report = import_tribar(
-            src_dir,
-            folder,
-            campaign=configs.pipeline.campaign,
-            iteration=iteration,
-            policy_id=policy_id,
-            robot_config_hash=config_hash(configs.robot),
-            extrinsics=extrinsics,
-            min_imported_share=min_imported_share,
-        )
-        return np.array(report.targets), report.summary()
-
-    return _into_collect(configs, iteration, src_dir, name, f"{name}-{source_digest(src_dir)[:8]}", write)
+    importer = functools.partial(import_tribar, src_dir, extrinsics=extrinsics, min_imported_share=min_imported_share)
+    return _into_collect(configs, iteration, src_dir, name, f"{name}-{source_digest(src_dir)[:8]}", importer)
 
 
 def run_import_bag(configs: LoadedConfigs, iteration: int, bag: str | Path) -> tuple[Ref, dict[str, object]]:
@@ -90,20 +79,8 @@ def run_import_bag(configs: LoadedConfigs, iteration: int, bag: str | Path) -> t
         raise DataError(f"{bag}: no such bag (a .bag file, or a ROS 2 bag folder)")
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", bag.resolve().stem).strip("-.")[:48] or "recording"
     name = f"bag-{slug}"
-
-    def write(folder: Path, policy_id: str) -> tuple[np.ndarray, dict[str, object]]:
-        report = import_bag(
-            bag,
-            configs.pipeline.bag_import,
-            folder,
-            campaign=configs.pipeline.campaign,
-            iteration=iteration,
-            policy_id=policy_id,
-            robot_config_hash=config_hash(configs.robot),
-        )
-        return np.array(report.targets), report.summary()
-
-    return _into_collect(configs, iteration, bag, name, f"{name}-{bag_digest(bag)[:8]}", write)
+    importer = functools.partial(import_bag, bag, configs.pipeline.bag_import)
+    return _into_collect(configs, iteration, bag, name, f"{name}-{bag_digest(bag)[:8]}", importer)
 
 
 def run_import_published(configs: LoadedConfigs, iteration: int, path: str | Path) -> tuple[Ref, dict[str, object]]:
@@ -115,19 +92,8 @@ def run_import_published(configs: LoadedConfigs, iteration: int, path: str | Pat
         raise DataError(f"{path}: no such file (a processed_data.json of the R2S2R code)")
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{path.resolve().parent.name}-{path.stem}").strip("-.")[:48]
     name = f"r2s2r-{slug or 'recording'}"
-
-    def write(folder: Path, policy_id: str) -> tuple[np.ndarray, dict[str, object]]:
-        report = import_published(
-            path,
-            folder,
-            campaign=configs.pipeline.campaign,
-            iteration=iteration,
-            policy_id=policy_id,
-            robot_config_hash=config_hash(configs.robot),
-        )
-        return np.array(report.targets), report.summary()
-
-    return _into_collect(configs, iteration, path, name, f"{name}-{file_digest(path)[:8]}", write)
+    importer = functools.partial(import_published, path)
+    return _into_collect(configs, iteration, path, name, f"{name}-{file_digest(path)[:8]}", importer)
 
 
 def _into_collect(
@@ -136,11 +102,12 @@ def _into_collect(
     source: Path,
     name: str,
     policy_id: str,
-    write: Callable[[Path, str], tuple[np.ndarray, dict[str, object]]],
+    importer: Callable[..., ImportReport | BagReport | PublishedReport],
 ) -> tuple[Ref, dict[str, object]]:
-    """Write an import as iteration ``iteration``'s collect stage: ``write(folder, policy_id)`` fills
-    the recording folder and returns the policy's targets and the import's summary. Refuses to
-    replace a complete collect stage; works in a temporary folder renamed into place when done."""
+    """Write an import as iteration ``iteration``'s collect stage: ``importer(folder, campaign=...,
+    iteration=..., policy_id=..., robot_config_hash=...)`` fills the recording folder and returns
+    its report (the targets held and a summary). Refuses to replace a complete collect stage;
+    works in a temporary folder renamed into place when done."""
     layout = RunLayout.of(configs)
     stage_dir = layout.stage_dir(iteration, STAGE)
     if complete_stage_ref(stage_dir) is not None:
@@ -152,10 +119,16 @@ def _into_collect(
     work = Path(tempfile.mkdtemp(prefix=f".{STAGE}-import-", dir=stage_dir.parent))
     try:
         folder = work / policy_id
-        targets, report = write(folder, policy_id)
-        write_policy_json(folder, name, policy_id, targets)
+        report = importer(
+            folder,
+            campaign=configs.pipeline.campaign,
+            iteration=iteration,
+            policy_id=policy_id,
+            robot_config_hash=config_hash(configs.robot),
+        )
+        write_policy_json(folder, name, policy_id, np.array(report.targets))
         write_first_frame_plot(work, folder)
-        summary: dict[str, object] = {"policy_id": policy_id, **report}
+        summary: dict[str, object] = {"policy_id": policy_id, **report.summary()}
         written = write_manifest(work, STAGE, complete=True, summary=summary)
         if stage_dir.exists():
             set_aside(layout, stage_dir, "incomplete")
