@@ -32,12 +32,14 @@ from pipeline.hardware.network import NetworkRobot
 from pipeline.hardware.protocol import (
     PROTOCOL_VERSION,
     Ack,
+    Heartbeat,
     Hello,
     ProtocolError,
     Refusal,
     RunTargets,
     Sample,
     VersionMismatch,
+    Welcome,
     decode_reply,
     decode_telemetry,
     encode,
@@ -48,6 +50,8 @@ from pipeline.hardware.protocol import (
 from pipeline.hardware.reorder import Reorder
 from pipeline.hardware.server import TwinServer
 from pipeline.hardware.twin import MujocoTwin
+from pipeline.policies import random_policy
+from pipeline.robot_model import cable_pairs
 from pipeline.truth import truth_errors
 from storage.layout import complete_stage_ref, read_manifest
 from storage.recording import GROUNDTRUTH_FILE, HARDWARE_FILE, Recording, RecordingIdentity
@@ -393,3 +397,56 @@ def test_a_truth_whose_sample_was_lost_takes_the_next_samples_target(tmp_path: P
     rows, meta = read_trajectory(tmp_path / GROUNDTRUTH_FILE, expect_source="groundtruth")
     assert rows["t"].tolist() == [0.0, 0.02] and (rows[TARGET_COLS].to_numpy() == 0.25).all()
     assert [(g.t_start_s, g.t_end_s, g.missing) for g in meta.gaps] == [(0.0, 0.02, 1)]
+
+
+def test_a_malformed_message_from_the_robot_fails_the_run_naming_the_field(default_configs: LoadedConfigs) -> None:
+    """A robot (here a bare peer on the loopback) that answers the protocol but sends a sample
+    without its cable lengths: the run stops with the field named, after what came before it."""
+    port = _free_port_pair()
+    context = zmq.Context()
+    router, publisher = context.socket(zmq.ROUTER), context.socket(zmq.PUB)
+    router.bind(f"tcp://127.0.0.1:{port}")
+    publisher.bind(f"tcp://127.0.0.1:{port + 1}")
+    good = Sample(
+        run=2, seq=0, t_s=0.0, segment=0, reached=False, target=[1.0] * 6, control=[0.0] * 6,
+        cable_m=[0.2] * 9, imu={0: [1, 0, 0, 0]}, motor_rad=[0.0] * 6,
+    )  # fmt: skip
+    bad = {**good.model_dump(), "seq": 1, "t_s": 0.02}
+    del bad["cable_m"]
+    stop = threading.Event()
+
+    def robot() -> None:
+        cables = [list(p) for p in cable_pairs(default_configs.robot)]
+        while not stop.is_set():
+            publisher.send(encode(Heartbeat(t_s=0.0, state="idle", run=-1, sent=0)))
+            if not router.poll(100):
+                continue
+            sender, data = router.recv_multipart()
+            command = msgpack.unpackb(data, strict_map_key=False)
+            if command["type"] == "hello":
+                reply = Welcome(id=command["id"], robot="bare", cables=cables, control_rate_hz=50.0, imu_rods=[0],
+                                telemetry_port=port + 1)  # fmt: skip
+            else:
+                reply = Ack(id=command["id"])
+            router.send_multipart([sender, encode(reply)])
+            if command["type"] == "run_targets":
+                publisher.send(encode(good.model_copy(update={"run": command["id"]})))
+                publisher.send(msgpack.packb({**bad, "run": command["id"]}))
+
+    thread = threading.Thread(target=robot, daemon=True)
+    thread.start()
+    network = default_configs.pipeline.network.model_copy(update={"port": port, "connect_timeout_s": 10.0})
+    client = NetworkRobot(default_configs.robot, network)
+    received = []
+    try:
+        with pytest.raises(
+            ProtocolError, match=f"robot at tcp://127.0.0.1:{port}: message 'sample': field 'sample.cable_m'"
+        ):
+            for packet in client.execute(random_policy(default_configs.robot, 1, seed=0), 1.0, record_frames=False):
+                received.append(packet)
+    finally:
+        client.close()
+        stop.set()
+        thread.join(timeout=10)
+        context.destroy(linger=0)
+    assert [p.t_s for p in received] == [0.0]  # what came before the bad message was handed on
