@@ -160,6 +160,7 @@ def load_recordings(collect_ref: Ref, track_ref: Ref, segment_timeout_s: float) 
             segment_timeout_s=meta.segment_timeout_s or segment_timeout_s,
             motor_rad=motors if motors is not None and np.isfinite(motors).all() else None,
             rod_quat=quats.reshape(-1, 3, 4) if quats is not None and np.isfinite(quats).all() else None,
+            gaps_s=tuple((gap.t_start_s, gap.t_end_s) for gap in meta.gaps),
         )
     return recordings
 

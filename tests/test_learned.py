@@ -277,3 +277,34 @@ def test_a_recording_becomes_a_trajectory_at_the_control_ticks(default_configs) 
     np.testing.assert_allclose(trajectory.motor_rad, 0.02 * np.arange(5.0)[:, None] * np.arange(6.0)[None])
     expected = rolls[0] + np.linspace(0.0, 0.8, 5)[:, None] * (rolls[1] - rolls[0])
     np.testing.assert_allclose(trajectory.rolls_rad, expected, atol=1e-9)
+
+
+def test_no_rollout_window_spans_a_gap_of_the_recording(default_configs) -> None:
+    """Ticks inside a recording's gap are interpolated, not data: the windows leave them out, and
+    the ticks on either side (a start's velocity, a window's last target) too."""
+    from pipeline.learned.data import StatesAlong, recording_trajectory
+    from pipeline.physics.engine import State
+    from pipeline.sysid.data import Recording
+
+    t = np.r_[np.arange(0.0, 1.0, 0.02), np.arange(1.5, 2.5, 0.02)]  # samples lost between 0.98 and 1.5 s
+    n = len(t)
+    recording = Recording(
+        name="gappy", t_s=t, segment=np.zeros(n, int), targets=np.ones((n, 6)), control=np.zeros((n, 6)),
+        cables_m=np.full((n, 9), 0.2), caps_t_s=t, caps_m=np.zeros((n, 6, 3)), gaps_s=((0.98, 1.5),),
+    )  # fmt: skip
+    trajectory = recording_trajectory(recording, default_configs.robot, tick_s=0.02)
+    ticks = t[0] + 0.02 * np.arange(len(trajectory))
+    assert np.array_equal(trajectory.lost, (ticks > 0.98) & (ticks < 1.5))
+    T = len(trajectory)
+    zeros = torch.zeros(T, 3, 3, dtype=torch.float64)
+    state = State(zeros, torch.zeros(T, 3, 4), zeros, zeros, torch.zeros(T, 6), torch.zeros(T, 6))
+    along = StatesAlong("gappy", state, torch.arange(T, dtype=torch.float64)[:, None].expand(T, 6),
+                        torch.zeros(T, 21, 3), trajectory.lost)  # fmt: skip
+    length = 4
+    got = windows([along], length)
+    firsts = got.control[:, 0, 0].long().numpy()  # each window's first applied command is its start tick
+    lost = np.flatnonzero(trajectory.lost)
+    for first in firsts:
+        assert not np.any((lost >= first - 1) & (lost <= first + length))
+    clean = [f for f in range(1, T - length) if not np.any((lost >= f - 1) & (lost <= f + length))]
+    assert sorted(firsts.tolist()) == clean

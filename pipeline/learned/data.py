@@ -45,7 +45,9 @@ class Trajectory:
     Where the source has them: ``rolls_rad`` (T, 3) each rod's roll about its axis
     (:func:`~pipeline.robot_model.rod_rolls`: the simulator's truth, or the tracker's estimate),
     which places the cables' attachment points; ``motor_rad`` (T, 6) the winch angles (the motor
-    encoders), which give the actuated cables' rest lengths without integrating a motor model."""
+    encoders), which give the actuated cables' rest lengths without integrating a motor model;
+    ``lost`` (T,) the ticks inside a gap of the recording (samples lost on the way), which no
+    rollout window may use."""
 
     name: str
     caps_m: np.ndarray
@@ -53,6 +55,7 @@ class Trajectory:
     tick_s: float
     rolls_rad: np.ndarray | None = None
     motor_rad: np.ndarray | None = None
+    lost: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.caps_m)
@@ -69,6 +72,8 @@ class Trajectory:
             value = getattr(self, field)
             if value is not None and (np.shape(value) != (n, width) or not np.isfinite(value).all()):
                 raise DataError(f"trajectory '{self.name}': {field} must be finite, of shape ({n}, {width})")
+        if self.lost is not None and np.shape(self.lost) != (n,):
+            raise DataError(f"trajectory '{self.name}': lost must have one flag a tick ({n})")
 
     def __len__(self) -> int:
         return len(self.caps_m)
@@ -78,7 +83,7 @@ def recording_trajectory(recording: Recording, robot: RobotConfig, tick_s: float
     """A recording as a :class:`Trajectory`: its tracked end caps interpolated at the control ticks
     from its first sensor sample on, and the command of the sensor sample nearest each tick; where
     the recording has them, the winch angles and the tracked rods' rolls (``robot``'s rod frames),
-    each interpolated at the ticks."""
+    each interpolated at the ticks; the ticks inside the recording's gaps are marked ``lost``."""
     if recording.control is None:
         raise DataError(f"recording '{recording.name}': no motor commands recorded; the learned contact needs them")
     ticks = recording.t_s[0] + tick_s * np.arange(int((recording.t_s[-1] - recording.t_s[0]) / tick_s) + 1)
@@ -91,7 +96,12 @@ def recording_trajectory(recording: Recording, robot: RobotConfig, tick_s: float
         tracked = np.unwrap(rod_rolls(robot, recording.caps_m, rotations), axis=0)
         rolls = np.stack([np.interp(ticks, recording.caps_t_s, r) for r in tracked.T], -1)
     caps = recording.caps_at(ticks)
-    return Trajectory(recording.name, caps, recording.control[nearest], tick_s, rolls_rad=rolls, motor_rad=motors)
+    lost = np.zeros(len(ticks), bool)
+    for start_s, end_s in recording.gaps_s:  # interpolated across a gap: not data
+        lost |= (ticks > start_s) & (ticks < end_s)
+    return Trajectory(
+        recording.name, caps, recording.control[nearest], tick_s, rolls_rad=rolls, motor_rad=motors, lost=lost
+    )
 
 
 @dataclass(frozen=True)
@@ -117,12 +127,14 @@ class Windows:
 @dataclass(frozen=True)
 class StatesAlong:
     """A trajectory as engine states, one environment per tick (T), with the commands ``applied``
-    (T, 6) during each tick and the graph's ``nodes`` (T, N, 3)."""
+    (T, 6) during each tick and the graph's ``nodes`` (T, N, 3); ``lost`` (T,) the ticks inside a
+    gap of the recording (None: none)."""
 
     name: str
     states: State
     applied: torch.Tensor
     nodes: torch.Tensor
+    lost: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.applied)
@@ -134,6 +146,7 @@ class StatesAlong:
             self.states.index(slice(start, stop)),
             self.applied[start:stop],
             self.nodes[start:stop],
+            None if self.lost is None else self.lost[start:stop],
         )
 
 
@@ -218,7 +231,7 @@ def states_along(
     nodes = graph.node_positions(
         torch.as_tensor(centres, dtype=dtype, device=device), torch.as_tensor(rotations, dtype=dtype, device=device)
     )
-    return StatesAlong(trajectory.name, states, applied, nodes)
+    return StatesAlong(trajectory.name, states, applied, nodes, trajectory.lost)
 
 
 def _motor_model(
@@ -239,11 +252,16 @@ def _motor_model(
 
 
 def windows(trajectories: list[StatesAlong], length: int) -> Windows:
-    """Every window of ``length`` ticks that starts at a tick with a velocity (the second on)."""
+    """Every window of ``length`` ticks that starts at a tick with a velocity (the second on) and
+    touches no lost tick (its start's velocity, its steps and its targets all from data)."""
     starts, controls, targets = [], [], []
     for along in trajectories:
         n = len(along.applied)
         first = torch.arange(1, n - length)
+        if along.lost is not None and along.lost.any():
+            lost = np.r_[0, np.cumsum(along.lost)]  # lost ticks before each index
+            spans = first.numpy()
+            first = first[torch.as_tensor(lost[spans + length + 1] - lost[spans - 1] == 0)]
         if not len(first):
             continue
         ticks = first[:, None] + torch.arange(length)[None]

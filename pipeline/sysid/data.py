@@ -32,7 +32,9 @@ class Recording:
     ``caps_t_s`` (M,) s and ``caps_m`` (M, 6, 3) tracked end-cap centres (world, m);
     ``segment_timeout_s``: the longest the recorder held a target (s), where known. Where the
     recording has them: ``motor_rad`` (N, 6) the winch angles at the sensor samples and
-    ``rod_quat`` (M, 3, 4) the tracked rods' orientations (w, x, y, z) at the tracked frames."""
+    ``rod_quat`` (M, 3, 4) the tracked rods' orientations (w, x, y, z) at the tracked frames.
+    ``gaps_s``: the (start, end) robot times (s) between which samples were lost (the trajectory's
+    ``gaps``)."""
 
     name: str
     t_s: np.ndarray
@@ -45,6 +47,7 @@ class Recording:
     segment_timeout_s: float | None = None
     motor_rad: np.ndarray | None = None
     rod_quat: np.ndarray | None = None
+    gaps_s: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.t_s)
