@@ -141,11 +141,11 @@ def load_recordings(collect_ref: Ref, track_ref: Ref, segment_timeout_s: float) 
         tracked = tracked[np.r_[True, np.diff(tracked["t"].to_numpy()) > 0]]
         if meta.cables_recorded:
             sensors = sensors[np.isfinite(sensors[CABLE_COLS].to_numpy()).all(axis=1)]
-        cables = sensors[CABLE_COLS].to_numpy() if meta.cables_recorded else np.full((len(sensors), 9), np.nan)
         if not meta.complete:  # cut short by a fault: its last segment never ended
             sensors = sensors[sensors["segment"] < sensors["segment"].max()]
             if len(sensors) < 2:
                 continue
+        cables = sensors[CABLE_COLS].to_numpy() if meta.cables_recorded else np.full((len(sensors), 9), np.nan)
         motors = sensors[MOTOR_COLS].to_numpy() if set(MOTOR_COLS) <= set(sensors.columns) else None
         quats = tracked[ROD_QUAT_COLS].to_numpy() if set(ROD_QUAT_COLS) <= set(tracked.columns) else None
         recordings[folder.name] = Recording(

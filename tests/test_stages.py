@@ -101,6 +101,10 @@ NO_OUTPUT = {
     "follow.end_radius_m": "trajectory following is a command of its own, not a stage",
     "follow.max_actions": "trajectory following is a command of its own, not a stage",
     "follow.corridor_m": "trajectory following is a command of its own, not a stage",
+    "network": "where the robot is reached, not what it records",
+    "camera": "which camera watches the robot: part of the hardware, which (like hardware_config) may change "
+    "without making a recording stale (record anew with --recollect)",
+    "bag_import": "read by r2s2r import-bag, a command of its own, not a stage",
 }
 """Fields that change no stage's output, and why."""
 
@@ -137,6 +141,7 @@ def _other_values(value: object) -> list[object]:
             "processes",
             "all_step",
             "redeploy_and_random",
+            "network",
             f"{value}-other",
         ]
     if isinstance(value, tuple) and value:
