@@ -273,7 +273,12 @@ def _write_frames(
                 "map the depth aligned to colour"
             )
         rows.append(encode_frame(stamp - t0, rgb, depth_image))
-    height, width = (rows and _image(topics.color, color[0][1], bag).shape[:2]) or (0, 0)
+    if not rows:
+        raise DataError(
+            f"{bag}: no image on {topics.color} has one on {topics.depth} within half a frame period; "
+            "are they the same camera's?"
+        )
+    height, width = _image(topics.color, color[0][1], bag).shape[:2]
     camera = {
         "width_px": int(width),
         "height_px": int(height),

@@ -90,7 +90,9 @@ def run_import_published(configs: LoadedConfigs, iteration: int, path: str | Pat
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file (a processed_data.json of the R2S2R code)")
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{path.resolve().parent.name}-{path.stem}").strip("-.")[:48]
+    # the R2S2R code names every file processed_data.json, in a folder named after the run
+    stem = path.resolve().parent.name if path.stem == "processed_data" else path.stem
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.")[:48]
     name = f"r2s2r-{slug or 'recording'}"
     importer = functools.partial(import_published, path)
     return _into_collect(configs, iteration, path, name, f"{name}-{file_digest(path)[:8]}", importer)
