@@ -24,7 +24,6 @@ from rich.table import Table
 
 from pipeline.config import LoadedConfigs, load_all
 from pipeline.errors import ConfigError, DataError, R2S2RError
-from pipeline.hardware.protocol import PROTOCOL_VERSION
 from storage.layout import RunLayout
 
 app = typer.Typer(
@@ -394,8 +393,8 @@ def serve_twin(
         float, typer.Option(min=0, max=1, help="Fault: hold back this share of the messages 50 ms (out of order).")
     ] = 0.0,
     protocol_version: Annotated[
-        int, typer.Option(help="Fault: speak this protocol version instead of the current one.")
-    ] = PROTOCOL_VERSION,
+        int | None, typer.Option(help="Fault: speak this protocol version instead of the current one.")
+    ] = None,
     set_: SetOption = None,
 ) -> None:
     """Serve the MuJoCo twin of the config's hardware_config over the robot protocol
@@ -403,6 +402,7 @@ def serve_twin(
     runs on it as on a robot. The fault options put a bad network between the two, for testing."""
     import logging
 
+    from pipeline.hardware.protocol import PROTOCOL_VERSION
     from pipeline.hardware.server import TwinServer, WireFaults
     from pipeline.hardware.twin import MujocoTwin
 
@@ -418,7 +418,7 @@ def serve_twin(
         speed=speed,
         watchdog_s=watchdog_s,
         faults=faults,
-        version=protocol_version,
+        version=PROTOCOL_VERSION if protocol_version is None else protocol_version,
         truth=truth,
     )
     stopping = False

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from storage.trajectory import (
     caps_array,
     make_meta,
     read_trajectory,
+    stamp_gaps,
     write_trajectory,
 )
 
@@ -41,8 +41,6 @@ LENGTH_SCALE = 10.0
 CAP_KEYS = tuple(f"rod_{rod}_end_pt{end}" for rod in ("01", "23", "45") for end in (1, 2))
 """The end caps 0..5 in order: rod 0 joins caps 0 and 1, rod 1 caps 2 and 3, rod 2 caps 4 and 5."""
 PID_KEYS = ("min_length", "RANGE", "tol", "motor_speed")
-GAP_FACTOR = 2.5
-"""A step between frames longer than this many median steps is a gap."""
 
 
 @dataclass
@@ -129,13 +127,7 @@ def import_published(
     report.start_time_s, report.duration_s, report.n_samples = float(t_raw[0]), float(t[-1]), len(t)
     if report.duration_s <= 0:
         raise DataError(f"{path}: every frame has the same 'time'; expected a recording that lasts")
-    steps = np.diff(t)
-    report.duplicated_stamps = int(np.sum(steps == 0))
-    median = float(np.median(steps[steps > 0]))
-    for i in np.flatnonzero(steps > GAP_FACTOR * median):
-        report.gaps.append(
-            {"t_start_s": float(t[i]), "t_end_s": float(t[i + 1]), "missing": max(1, math.floor(steps[i] / median) - 1)}
-        )
+    report.gaps, report.duplicated_stamps = stamp_gaps(t)
     changed = np.r_[True, np.any(targets[1:] != targets[:-1], axis=1)]
     report.targets = targets[changed].tolist()
     segment = (np.cumsum(changed) - 1).astype(np.int32)

@@ -2,8 +2,8 @@
 
 Every message on the cables topic is one sample; the targets, commands, winch angles and IMU
 orientations are the latest at or before it (held, never interpolated). Samples keep the bag's
-time stamps as they are: a step more than :data:`GAP_FACTOR` times the median is listed in the
-trajectory's ``gaps`` and duplicated stamps are counted (``duplicated_stamps``), both kept. The
+time stamps as they are: a long step is listed in the trajectory's ``gaps`` and duplicated
+stamps are counted (``duplicated_stamps``), both kept (:func:`storage.trajectory.stamp_gaps`). The
 frames pair each colour image with the depth image nearest in time (within half a frame period).
 """
 
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from pipeline.config.recordings import BagTopicsConfig
 from pipeline.errors import DataError
@@ -29,11 +30,10 @@ from storage.trajectory import (
     TARGET_COLS,
     imu_cols,
     make_meta,
+    stamp_gaps,
     write_trajectory,
 )
 
-GAP_FACTOR = 2.5
-"""A step between samples longer than this many median steps is a gap."""
 log = logging.getLogger(__name__)
 
 
@@ -177,12 +177,7 @@ def import_bag(
     t0 = stamps[0]
     t = stamps - t0
     report.start_time_s, report.duration_s, report.n_samples = float(t0), float(t[-1]), len(t)
-    steps = np.diff(t)
-    report.duplicated_stamps = int(np.sum(steps == 0))
-    median = float(np.median(steps[steps > 0])) if np.any(steps > 0) else 0.0
-    for i in np.flatnonzero(steps > GAP_FACTOR * median) if median > 0 else []:
-        missing = max(1, round(steps[i] / median) - 1)
-        report.gaps.append({"t_start_s": float(t[i]), "t_end_s": float(t[i + 1]), "missing": missing})
+    report.gaps, report.duplicated_stamps = stamp_gaps(t)
     targets = _held(stamps, [(s, _array(topics.targets, m, 6, bag)) for s, m in messages[topics.targets]])
     changed = np.r_[True, np.any(targets[1:] != targets[:-1], axis=1)]
     report.targets = targets[changed].tolist()
@@ -289,8 +284,6 @@ def _write_frames(
         "camera_to_world": topics.camera_to_world,
         "depth_scale_m": topics.depth_scale_m,
     }
-    import pyarrow as pa
-
     write_table(
         dest_folder / FRAMES_FILE,
         pa.Table.from_pylist(rows, schema=FRAMES_SCHEMA),

@@ -99,6 +99,25 @@ class TrajectoryMeta(BaseModel):
         return self
 
 
+GAP_FACTOR = 2.5
+"""In an imported recording, a step between samples longer than this many median steps is a gap."""
+
+
+def stamp_gaps(t_s: np.ndarray) -> tuple[list[dict[str, float]], int]:
+    """The gaps of an imported recording's non-decreasing stamps ``t_s`` (s), as :class:`Gap`
+    fields (steps over :data:`GAP_FACTOR` median steps, ``missing`` the samples the median step
+    would have put there), and how many stamps repeat the one before."""
+    steps = np.diff(np.asarray(t_s, float))
+    moving = steps[steps > 0]
+    gaps = []
+    if moving.size:
+        median = float(np.median(moving))
+        for i in np.flatnonzero(steps > GAP_FACTOR * median):
+            missing = max(1, round(steps[i] / median) - 1)
+            gaps.append({"t_start_s": float(t_s[i]), "t_end_s": float(t_s[i + 1]), "missing": missing})
+    return gaps, int(np.sum(steps == 0))
+
+
 def _cols(prefix: str, n: int) -> list[str]:
     return [f"{prefix}_{i}" for i in range(n)]
 
