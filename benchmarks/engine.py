@@ -109,7 +109,7 @@ def main() -> None:
             "forward_backward_env_steps_per_s": batch * steps / both,
             "backward_ratio": both / forward,
         }
-        if args.compile and batch > 1:  # the engine steps one environment eagerly
+        if args.compile:
             fast = Engine(engine.model, dt=engine.dt, compiled=True)
             start = time.perf_counter()
             with torch.no_grad():

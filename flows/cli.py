@@ -73,9 +73,11 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
     return wrapper
 
 
-def _load(config: Path, overrides: dict[str, object], create: bool = True) -> LoadedConfigs:
+def _load(config: Path, overrides: dict[str, object], create: bool = True, flows: bool = False) -> LoadedConfigs:
     """The configs, with the process environment set for them (:mod:`flows.environment`) and,
-    unless ``create`` is false, the runs folder created."""
+    unless ``create`` is false, the runs folder created. With ``flows`` (a command that runs
+    Prefect flows) Prefect is pointed at the runs folder's shared local server
+    (:mod:`flows.local_server`)."""
     configs = load_all(config, overrides)
     from flows.environment import configure_environment
 
@@ -83,6 +85,10 @@ def _load(config: Path, overrides: dict[str, object], create: bool = True) -> Lo
     configure_environment(layout)
     if create:
         layout.runs_dir.mkdir(parents=True, exist_ok=True)
+    if flows:
+        from flows.local_server import connect
+
+        connect(Path(os.environ["PREFECT_HOME"]))
     return configs
 
 
@@ -94,7 +100,7 @@ def _run_iteration(
     refresh: list[str] | None = None,
     hardware: bool = True,
 ) -> None:
-    configs = _load(config, overrides)
+    configs = _load(config, overrides, flows=True)
     from flows.iteration import r2s2r_iteration, with_runner
 
     flow = with_runner(r2s2r_iteration, configs)
@@ -143,7 +149,7 @@ def rerun(
     redeploy and evaluate (which need the robot to run the new gaits) are left stale.
     """
     overrides = parse_overrides(set_)
-    _load(config, overrides)  # before flows.stages imports Prefect: its home is the runs folder's
+    _load(config, overrides, flows=True)  # before flows.stages imports Prefect: its home is the runs folder's
     from flows.stages import hardware_stages, stage_names
 
     if stage not in stage_names():
@@ -162,7 +168,7 @@ def campaign(
 ) -> None:
     """Run iterations 1..N of the campaign (cached stages reused); print the headline metrics."""
     overrides = parse_overrides(set_)
-    configs = _load(config, overrides)
+    configs = _load(config, overrides, flows=True)
     from flows.campaign import r2s2r_campaign
 
     result = r2s2r_campaign(str(config.resolve()), iterations, overrides)

@@ -137,9 +137,10 @@ def run_evaluate(
     real = [run.tracked_caps() for run in runs]
     attached, identified = attached_robot(configs, attach_ref), identified_robot(configs, attach_ref, sysid_ref)
     dt_s = configs.pipeline.gaits.search.dt_s
+    compiled = configs.pipeline.engine.compiled
     engines = {
-        "before": (Engine(RobotModel.from_robot(attached), dt=dt_s), attached),
-        "after": (Engine(RobotModel.from_robot(identified), dt=dt_s), identified),
+        "before": (Engine(RobotModel.from_robot(attached), dt=dt_s, compiled=compiled), attached),
+        "after": (Engine(RobotModel.from_robot(identified), dt=dt_s, compiled=compiled), identified),
         "learned": (learned_engine(learn_ref, identified), identified),
     }
     starts = np.stack([caps[0] for caps in real])

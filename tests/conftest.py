@@ -14,6 +14,9 @@ os.environ["PREFECT_HOME"] = _PREFECT_HOME
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# the commands under test start Prefect's temporary server, as the flows run in-process do; a
+# local server shared between commands is tested in test_local_server.py
+os.environ["R2S2R_PREFECT_SERVER_IDLE_S"] = "0"
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MUJOCO_GL", "egl")
 

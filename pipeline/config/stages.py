@@ -199,7 +199,7 @@ class RunnerConfig(StrictModel):
 
 
 class EngineConfig(StrictModel):
-    """How the stages that run many rollouts (sysid, gaits) run the differentiable engine."""
+    """How the stages run the differentiable engine (sysid, learn, gaits, actions, evaluate)."""
 
     compiled: bool = Field(
         default=True,

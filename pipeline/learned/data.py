@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.signal import savgol_filter
 from scipy.spatial.transform import Rotation
 
 from pipeline.config import RobotConfig
@@ -188,6 +187,8 @@ def states_along(
     dtype, device = model.dtype, model.device
     caps = np.asarray(trajectory.caps_m, float)
     window = min(smoothing_ticks, len(caps)) // 2 * 2 - 1  # odd, at most the trajectory
+    from scipy.signal import savgol_filter  # here: 0.3 s that commands which never smooth skip
+
     smoothed = savgol_filter(caps, window, 2, axis=0) if window >= 3 else caps
     centres, rotations = rod_frames(model.robot, smoothed, trajectory.rolls_rad)
     pos = torch.as_tensor(centres, dtype=dtype, device=device)

