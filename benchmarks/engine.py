@@ -8,16 +8,19 @@ for a fixed number of steps:
 * ``forward_backward``: with gradients on the parameters, then one backward pass
   of a loss on the end-cap positions; ``backward_ratio`` = its time / forward time.
 
-With ``--compile`` the engine's compiled step (``Engine(compiled=True)``: without gradients,
-two or more environments, one graph for every batch size) is also run forward; ``compile_s`` is
-its first step's time, which compiles at the first batch size only. The engine does not compile
-steps with gradients: ``torch.compile`` of the whole step, forward+backward, runs far slower than
-the eager step (docs/physics.md).
+With ``--compile`` the engine's compiled step (``Engine(compiled=True)``: without gradients; one
+graph for one environment, one for every other batch size) is also run forward; ``compile_s`` is
+its first step's time (a compile at batch 1 and at the first larger batch). The engine does not
+compile steps with gradients: ``torch.compile`` of the whole step, forward+backward, runs far
+slower than the eager step (docs/physics.md).
+
+With ``--drift``, how far float32 rollouts end from float64 ones (compiled, 64 robots, random
+motor commands, 5 s at the stages' 5 ms step): the end caps' distance after each second.
 
 The anchor, measured in the same run: MuJoCo stepping the twin's model of the same robot single-threaded
 (``mj_step``), in steps per second. Prints one JSON object (last line).
 
-Usage: ``python -m benchmarks.engine [--quick] [--compile] [--dtype float32] [--batches 1,64,1024,4096]``.
+Usage: ``python -m benchmarks.engine [--quick] [--compile] [--drift] [--dtype float32] [--batches 1,64,1024,4096]``.
 """
 
 from __future__ import annotations
@@ -69,6 +72,38 @@ def _forward_backward(step, engine: Engine, params, state, control, steps: int) 
     return time.perf_counter() - start
 
 
+def _float32_drift(robot, batch: int = 64, dt: float = 0.005, steps: int = 1000) -> dict[str, float]:
+    """How far float32 rollouts end from float64 ones: ``batch`` robots from rest under random
+    motor commands held 0.1 s each, ``steps`` compiled steps of ``dt`` (s) in each dtype. Returns
+    the end caps' distance (mm; median and largest over robots and caps) after each second, and
+    how far the robots moved (m, median)."""
+    engines = {
+        d: Engine(RobotModel.from_robot(robot, dtype=d), dt=dt, compiled=True) for d in (torch.float64, torch.float32)
+    }
+    generator = torch.Generator().manual_seed(0)
+    controls = torch.rand(steps // 20 + 1, batch, 6, generator=generator, dtype=torch.float64) * 2 - 1
+    caps = {}
+    for dtype, engine in engines.items():
+        params, state, _ = _setup(engine, robot, batch)
+        trace = []
+        with torch.no_grad():
+            for step in range(steps):
+                state = engine.step(params, state, controls[step // 20].to(dtype))
+                if (step + 1) % round(1.0 / dt) == 0:
+                    trace.append(engine.cap_positions(state).double())
+        caps[dtype] = torch.stack(trace)
+        start = engine.cap_positions(_setup(engine, robot, batch)[1]).double()
+    gaps = (caps[torch.float32] - caps[torch.float64]).norm(dim=-1).flatten(1) * 1000
+    moved = (caps[torch.float64][-1] - start).norm(dim=-1).amax(-1)
+    return {
+        "batch": batch,
+        "dt_s": dt,
+        "median_mm_by_second": [round(float(g.median()), 4) for g in gaps],
+        "max_mm_by_second": [round(float(g.max()), 4) for g in gaps],
+        "median_moved_m": float(moved.median()),
+    }
+
+
 def _mujoco_steps_per_s(configs, seconds: float) -> float:
     twin = MujocoTwin(configs.robot, configs.twin)
     twin.reset()
@@ -85,6 +120,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also measure torch.compile'd steps")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes")
     parser.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    parser.add_argument("--drift", action="store_true", help="also measure float32 rollouts' drift from float64")
     parser.add_argument("--config", default="configs/pipeline/default.yaml")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -119,6 +155,7 @@ def main() -> None:
                 batch * steps / _forward(fast.step, params, state, control, steps)
             )
         results[f"batch_{batch}"] = entry
+    drift = _float32_drift(robot) if args.drift else None
     anchor = _mujoco_steps_per_s(configs, 2.0 if args.quick else 10.0)
     print(
         json.dumps(
@@ -128,6 +165,7 @@ def main() -> None:
                 "threads": torch.get_num_threads(),
                 "dt_s": engine.dt,
                 "engine": results,
+                "float32_drift": drift,
                 "anchor_mujoco_steps_per_s": anchor,
                 "targets": {
                     "batch_1_steps_per_s": 3000,

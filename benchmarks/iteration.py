@@ -1,16 +1,18 @@
-"""Wall time of an R2S2R iteration, of a two-iteration campaign, and the overhead of a cached rerun.
+"""Wall and CPU time of an R2S2R iteration, stage by stage, of a campaign, and of a cached rerun.
 
-In a fresh campaign under a temporary runs folder, from a shell (the README's CLI):
+In a fresh campaign under a temporary runs folder, from a shell (the README's CLI), the commands
+sharing one local Prefect server (``flows.local_server``; the first command starts it):
 
 1. ``r2s2r iterate -k 1``: one full iteration (collect on the twin ... evaluate);
-2. ``r2s2r campaign -n 2``: the campaign; iteration 1 is cached, so this is iteration 2 plus the
-   cached pass over iteration 1 (the campaign's wall time is 1. + 2.);
-3. ``r2s2r rerun evaluate -k 2``: one stage recomputed, every upstream stage from the cache.
+2. ``r2s2r campaign -n 2``: iteration 2, iteration 1 coming from the cache;
+3. ``r2s2r iterate -k 2``: every stage cached, so all of its time is overhead (imports, Prefect,
+   MLflow, cache look-ups);
+4. ``r2s2r rerun evaluate -k 2``: one stage recomputed, every upstream stage from the cache; the
+   **cached-rerun overhead** is the command's wall time minus the stage's own.
 
-Then, in this process (its Prefect server already up), the same rerun of ``evaluate`` through
-the flow: the **cached-rerun overhead** is the flow's wall time minus the recomputed stage's own
-wall time (time spent outside the stage: config, MLflow run, cache look-ups of the six upstream
-stages). The anchor, measured in the same run: ``r2s2r --help`` (interpreter and imports, no work).
+Per iteration and stage: the wall and CPU time (s) the iteration run logged in MLflow
+(``time/<stage>_wall_s``, ``time/<stage>_cpu_s``; CPU of every thread of the command's process).
+The anchor, measured in the same run: ``r2s2r --help`` (interpreter and imports, no work).
 Headline metrics per iteration come from the iterations' MLflow runs.
 
 Usage: ``python -m benchmarks.iteration [--quick]`` (``--quick``: a 4-target random policy, a
@@ -46,6 +48,17 @@ def _timed(cmd: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - start
 
 
+def _stage_times(client, experiment: str) -> dict[str, dict[str, float]]:
+    """Per iteration, its MLflow run's ``time/*`` metrics (the latest value of each)."""
+    from storage.tracking import ITERATION_TAG
+
+    return {
+        run.data.tags[ITERATION_TAG]: {k[5:]: v for k, v in sorted(run.data.metrics.items()) if k.startswith("time/")}
+        for run in client.search_runs([experiment])
+        if ITERATION_TAG in run.data.tags
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small policy and search (a few minutes)")
@@ -61,48 +74,43 @@ def main() -> None:
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "MLFLOW_DISABLE_TELEMETRY": "true",
         }
-        iteration_1 = _timed([R2S2R, "iterate", "-k", "1", *sets], env)
-        campaign_call = _timed([R2S2R, "campaign", "-n", "2", *sets], env)
-        rerun_cli = _timed([R2S2R, "rerun", "evaluate", "-k", "2", *sets], env)
+        env.pop("PREFECT_API_URL", None)
+        from flows.local_server import stop
 
-        from flows.environment import configure_environment
+        try:
+            iteration_1 = _timed([R2S2R, "iterate", "-k", "1", *sets], env)
+            campaign_call = _timed([R2S2R, "campaign", "-n", "2", *sets], env)
+            all_cached = _timed([R2S2R, "iterate", "-k", "2", *sets], env)
+            rerun_cli = _timed([R2S2R, "rerun", "evaluate", "-k", "2", *sets], env)
+        finally:
+            stop(runs / ".prefect")
+
+        os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
         from storage.layout import RunLayout
-
-        os.environ.update({k: env[k] for k in ("PREFECT_HOME", "MUJOCO_GL", "PREFECT_SERVER_ANALYTICS_ENABLED")})
-        configure_environment(RunLayout(runs, "bench"))
-        from flows.iteration import r2s2r_iteration, with_runner
-        from pipeline.config import load_all
         from storage.tracking import HEADLINE_PREFIX, ITERATION_TAG, client_for
 
-        config = str(REPO / "configs" / "pipeline" / "default.yaml")
-        configs = load_all(config, overrides)
-        flow = with_runner(r2s2r_iteration, configs)
-        flow(config, 2, overrides, ["collect"])  # starts this process's Prefect server (not measured)
-        start = time.perf_counter()
-        summary = flow(config, 2, overrides, None, ["evaluate"], False)
-        in_process = time.perf_counter() - start
-        stages = summary["stages"]
-        stage_wall = stages["evaluate"]["wall_s"]  # a KeyError if evaluate was not recomputed
         client = client_for(RunLayout(runs, "bench"))
         experiment = client.get_experiment_by_name("bench").experiment_id
+        times = _stage_times(client, experiment)
         headline = {
             run.data.tags[ITERATION_TAG]: {k: v for k, v in run.data.metrics.items() if k.startswith(HEADLINE_PREFIX)}
             for run in client.search_runs([experiment])
             if ITERATION_TAG in run.data.tags
         }
     anchor = _timed([R2S2R, "--help"], env)
+    rerun_stage = times["2"]["evaluate_wall_s"]  # the rerun's (the latest value)
     print(
         json.dumps(
             {
                 "iteration_1_wall_s": iteration_1,
                 "campaign_2_iterations_wall_s": iteration_1 + campaign_call,
                 "campaign_call_with_iteration_1_cached_wall_s": campaign_call,
+                "iterate_all_cached_cli_wall_s": all_cached,
                 "rerun_evaluate_cli_wall_s": rerun_cli,
-                "rerun_evaluate_in_process_wall_s": in_process,
-                "rerun_evaluate_stage_wall_s": stage_wall,
-                "cached_rerun_overhead_s": in_process - stage_wall,
-                "cached_stages": sorted(s for s, info in stages.items() if info.get("cached")),
+                "rerun_evaluate_stage_wall_s": rerun_stage,
+                "cached_rerun_overhead_s": rerun_cli - rerun_stage,
                 "anchor_cli_help_wall_s": anchor,
+                "stage_times_s": times,
                 "headline_by_iteration": headline,
                 "quick": args.quick,
             }

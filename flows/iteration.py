@@ -127,7 +127,9 @@ def r2s2r_iteration(
     of runs since recorded again. Returns a summary with the MLflow run id and, per stage, its
     ref, whether it came from the cache and its wall time (s; fan-outs included), or why it was
     skipped, and the iteration's headline figures (also logged as ``headline/*`` on its MLflow
-    run and on the campaign run, at step = iteration).
+    run and on the campaign run, at step = iteration). ``cpu_s``: the stage's CPU time in this
+    process, every thread (s; a task runner's workers not included); a stage computed (not
+    cached) logs both as ``time/<stage>_wall_s`` and ``time/<stage>_cpu_s`` on the iteration run.
     """
     configs = load_all(pipeline_config, overrides)
     names = stage_table.stage_names()
@@ -182,10 +184,14 @@ def r2s2r_iteration(
                     why = "run the new gaits" if inputs else "record under this config"
                     summary["stages"][stage.name] = {"skipped": f"needs the hardware to {why} (--recollect)"}
                 continue
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             refs[stage.name], cached = _run_stage(stage, call, run_id)
-            wall_s = time.perf_counter() - start
-            summary["stages"][stage.name] = {"ref": refs[stage.name], "cached": cached, "wall_s": wall_s}
+            wall_s, cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
+            entry = {"ref": refs[stage.name], "cached": cached, "wall_s": wall_s, "cpu_s": cpu_s}
+            summary["stages"][stage.name] = entry
+            if not cached:
+                times = {f"time/{stage.name}_wall_s": wall_s, f"time/{stage.name}_cpu_s": cpu_s}
+                log_metrics(client, run_id, times, step=iteration)
         summary["headline"] = _log_headline(client, run_id, campaign_id, iteration)
     except BaseException:
         finish_run(client, run_id, ok=False)

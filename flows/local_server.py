@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -135,6 +136,16 @@ def connect(prefect_home: Path, timeout_s: float = 180.0, keep_alive: bool = Tru
         interval_s = float(record.get("idle_s", idle_s)) / 4
         threading.Thread(target=_keep_alive, args=(url, interval_s), name="prefect-keep-alive", daemon=True).start()
     return url
+
+
+def stop(prefect_home: Path) -> bool:
+    """Stop the shared server of ``prefect_home`` now (SIGTERM); whether one was running."""
+    record = running_server(prefect_home)
+    if record is None:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(int(record["pid"]), signal.SIGTERM)
+    return True
 
 
 def _keep_alive(url: str, interval_s: float) -> None:

@@ -3,6 +3,7 @@ by a command that runs, gone once idle, started anew after."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,10 +102,8 @@ def test_commands_share_one_server_until_it_is_idle(tmp_path, monkeypatch) -> No
         assert again is not None and started[1] != started[0] and local_server.running_server(home) is not None
     finally:
         for pid in started:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
 
 def test_no_shared_server_where_one_is_given_or_it_is_off(tmp_path, monkeypatch) -> None:
