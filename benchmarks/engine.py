@@ -168,8 +168,10 @@ def main() -> None:
                 "float32_drift": drift,
                 "anchor_mujoco_steps_per_s": anchor,
                 "targets": {
-                    "batch_1_steps_per_s": 3000,
-                    "batched_forward_env_steps_per_s": 1_000_000,
+                    "compiled_batch_1_steps_per_s": 5000,
+                    "compiled_batch_4096_env_steps_per_s": 1_000_000,
+                    "compiled_batch_4096_over_mujoco": 25.0,
+                    "forward_backward_batch_1024_env_steps_per_s": 200_000,
                     "backward_ratio_max": 3.0,
                 },
             }

@@ -513,18 +513,19 @@ class Engine:
 def compiled_step() -> Callable[[Engine, Params, State, torch.Tensor], State]:
     """``torch.compile`` of :meth:`Engine.advance`, made once per process and shared by every
     engine (the model's tensors are inputs, so a new engine or batch size does not compile
-    again; a new time step, dtype or other float setting does). Compiling took 40-55 s on two
-    cores with an empty inductor cache; the compiled step was 3.1 / 2.0 / 1.9 times faster than
-    the eager one at 64 / 1024 / 4096 environments (``python -m benchmarks.engine --compile``).
+    again, except from one environment to more; a new time step, dtype or other float setting
+    does). Compiling took 40-55 s on two cores with an empty inductor cache; the compiled step was
+    4.3 / 2.5 / 1.8 / 1.6 times faster than the eager one at 1 / 64 / 1024 / 4096 environments
+    (``python -m benchmarks.engine --compile``).
     The rod contact's sweeps run eagerly between its graphs (:meth:`Engine._rod_contact`).
     Without gradients only: a compiled forward+backward ran about 60 times slower than the eager one."""
     return torch.compile(Engine.advance)
 
 
 def _batch_inputs(params: Params, state: State, control: torch.Tensor) -> tuple[Params, State, torch.Tensor]:
-    """The step's inputs as contiguous tensors with ``B`` environments (parameters of one
-    environment repeated), their batch dimension marked dynamic so that the compiled step
-    serves every batch size without compiling again."""
+    """The step's inputs with ``B`` environments (parameters of one environment repeated), the
+    state and commands batch-innermost (:func:`_batch_last`), their batch dimension marked
+    dynamic so that one compiled graph serves every batch size above one."""
     batch = state.batch_size
     params = Params(**{n: v.expand(batch).contiguous() for n, v in params.as_dict().items()})
     state = State(**{f.name: _batch_last(getattr(state, f.name)) for f in fields(State)})
