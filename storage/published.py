@@ -12,10 +12,10 @@ stage as they are) and the hardware trajectory says ``cables_recorded: false``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -29,6 +29,7 @@ from storage.trajectory import (
     CAP_COLS,
     CONTROL_COLS,
     TARGET_COLS,
+    StampedImport,
     caps_array,
     make_meta,
     read_trajectory,
@@ -44,37 +45,16 @@ PID_KEYS = ("min_length", "RANGE", "tol", "motor_speed")
 
 
 @dataclass
-class PublishedReport:
-    """What :func:`import_published` read."""
+class PublishedReport(StampedImport):
+    """What :func:`import_published` read, and the firmware settings it found."""
 
-    path: Path
-    n_samples: int = 0
-    duration_s: float = 0.0
-    start_time_s: float = 0.0
-    targets: list[list[float]] = field(default_factory=list)
-    gaps: list[dict[str, float]] = field(default_factory=list)
-    duplicated_stamps: int = 0
     pid: dict[str, float] = field(default_factory=dict)
     init_act_lens_m: list[float] = field(default_factory=list)
 
+    source_format: ClassVar[str] = "r2s2r-processed-json"
+
     def summary(self) -> dict[str, object]:
-        return {
-            "source_format": "r2s2r-processed-json",
-            "source": str(self.path),
-            "n_sensor_samples": self.n_samples,
-            "n_frames": 0,
-            "n_targets": len(self.targets),
-            "duration_s": self.duration_s,
-            "start_time_s": self.start_time_s,
-            "sample_rate_hz": (self.n_samples - 1) / self.duration_s if self.duration_s > 0 else 0.0,
-            "gaps": len(self.gaps),
-            "duplicated_stamps": self.duplicated_stamps,
-            **{f"pid.{k}": v for k, v in self.pid.items()},
-        }
-
-
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+        return {**super().summary(), **{f"pid.{k}": v for k, v in self.pid.items()}}
 
 
 def _numbers(path: Path, index: int, frame: dict, key: str, size: int | None) -> np.ndarray:
@@ -119,7 +99,7 @@ def import_published(
 ) -> PublishedReport:
     """Write ``hardware.parquet`` (no cable columns) and the given end caps into ``dest_folder``."""
     t_raw, caps, targets, controls, first = read_published(path)
-    report = PublishedReport(path=path)
+    report = PublishedReport(source=path)
     for key in PID_KEYS:
         report.pid[key] = float(_numbers(path, 0, first, key, None)[0])
     report.init_act_lens_m = (_numbers(path, 0, first, "init_act_lens", 6) / LENGTH_SCALE).tolist()
@@ -139,11 +119,11 @@ def import_published(
         "campaign": campaign,
         "iteration": iteration,
         "policy_id": policy_id,
-        "sample_rate_hz": report.summary()["sample_rate_hz"],
+        "sample_rate_hz": report.sample_rate_hz,
         "complete": True,
         "gaps": report.gaps,
         "duplicated_stamps": report.duplicated_stamps,
-        "source_format": "r2s2r-processed-json",
+        "source_format": report.source_format,
         "source_dir": str(path),
         "start_time_s": report.start_time_s,
     }

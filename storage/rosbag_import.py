@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -28,6 +29,7 @@ from storage.trajectory import (
     CONTROL_COLS,
     MOTOR_COLS,
     TARGET_COLS,
+    StampedImport,
     imu_cols,
     make_meta,
     stamp_gaps,
@@ -38,32 +40,17 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class BagReport:
-    """What :func:`import_bag` read: samples, frames, the targets held, gaps and duplicated stamps."""
+class BagReport(StampedImport):
+    """What :func:`import_bag` read: also whether it held motor commands, and the rods with IMUs."""
 
-    bag: Path
-    n_samples: int = 0
-    n_frames: int = 0
-    duration_s: float = 0.0
-    start_time_s: float = 0.0
-    targets: list[list[float]] = field(default_factory=list)
-    gaps: list[dict[str, float]] = field(default_factory=list)
-    duplicated_stamps: int = 0
     control_recorded: bool = False
     imu_rods: tuple[int, ...] = ()
 
+    source_format: ClassVar[str] = "rosbag"
+
     def summary(self) -> dict[str, object]:
         return {
-            "source_format": "rosbag",
-            "source": str(self.bag),
-            "n_sensor_samples": self.n_samples,
-            "n_frames": self.n_frames,
-            "n_targets": len(self.targets),
-            "duration_s": self.duration_s,
-            "start_time_s": self.start_time_s,
-            "sample_rate_hz": (self.n_samples - 1) / self.duration_s if self.duration_s > 0 else 0.0,
-            "gaps": len(self.gaps),
-            "duplicated_stamps": self.duplicated_stamps,
+            **super().summary(),
             "control_recorded": self.control_recorded,
             "imu_rods": ",".join(map(str, self.imu_rods)),
         }
@@ -165,7 +152,7 @@ def import_bag(
 ) -> BagReport:
     """Write ``hardware.parquet`` (and ``frames.parquet`` with images mapped) into ``dest_folder``."""
     messages = _read(bag, topics)
-    report = BagReport(bag=bag)
+    report = BagReport(source=bag)
     cables = [(t, _array(topics.cables, m, 9, bag) * topics.cable_scale_m) for t, m in messages[topics.cables]]
     if len(cables) < 2:
         raise DataError(f"{bag}: topic {topics.cables}: {len(cables)} message(s); an import needs two or more")
@@ -211,11 +198,11 @@ def import_bag(
         pd.DataFrame(columns),
         make_meta(
             "hardware",
-            sample_rate_hz=report.summary()["sample_rate_hz"] or 1.0,
+            sample_rate_hz=report.sample_rate_hz or 1.0,
             control_recorded=report.control_recorded,
             gaps=report.gaps,
             duplicated_stamps=report.duplicated_stamps,
-            source_format="rosbag",
+            source_format=report.source_format,
             source_dir=str(bag),
             start_time_s=report.start_time_s,
             **common,

@@ -39,8 +39,9 @@ Recordings that do not say (imported ones) are read with the collect stage's val
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -116,6 +117,44 @@ def stamp_gaps(t_s: np.ndarray) -> tuple[list[dict[str, float]], int]:
             missing = max(1, round(steps[i] / median) - 1)
             gaps.append({"t_start_s": float(t_s[i]), "t_end_s": float(t_s[i + 1]), "missing": missing})
     return gaps, int(np.sum(steps == 0))
+
+
+@dataclass
+class StampedImport:
+    """What an import of a time-stamped recording (a bag, a published trajectory) read from
+    ``source``: samples and frames, the duration and first stamp (s), the targets held (each six
+    values in [0, 1]), the gaps and duplicated stamps (:func:`stamp_gaps`)."""
+
+    source: Path
+    n_samples: int = 0
+    n_frames: int = 0
+    duration_s: float = 0.0
+    start_time_s: float = 0.0
+    targets: list[list[float]] = field(default_factory=list)
+    gaps: list[dict[str, float]] = field(default_factory=list)
+    duplicated_stamps: int = 0
+    source_format: ClassVar[str] = ""
+    """The format's name in the collect stage's summary."""
+
+    @property
+    def sample_rate_hz(self) -> float:
+        """Mean samples per second (0 for fewer than two distinct stamps)."""
+        return (self.n_samples - 1) / self.duration_s if self.duration_s > 0 else 0.0
+
+    def summary(self) -> dict[str, object]:
+        """The collect stage summary's fields of the import."""
+        return {
+            "source_format": self.source_format,
+            "source": str(self.source),
+            "n_sensor_samples": self.n_samples,
+            "n_frames": self.n_frames,
+            "n_targets": len(self.targets),
+            "duration_s": self.duration_s,
+            "start_time_s": self.start_time_s,
+            "sample_rate_hz": self.sample_rate_hz,
+            "gaps": len(self.gaps),
+            "duplicated_stamps": self.duplicated_stamps,
+        }
 
 
 def _cols(prefix: str, n: int) -> list[str]:

@@ -20,8 +20,9 @@ import numpy as np
 
 from pipeline.config import LoadedConfigs, config_hash
 from pipeline.errors import DataError
+from storage.files import sha256_file
 from storage.layout import Ref, RunLayout, complete_stage_ref, set_aside, write_manifest
-from storage.published import PublishedReport, file_digest, import_published
+from storage.published import PublishedReport, import_published
 from storage.recording import write_first_frame_plot, write_policy_json
 from storage.rosbag_import import BagReport, bag_digest, import_bag
 from storage.tribar import (
@@ -95,7 +96,7 @@ def run_import_published(configs: LoadedConfigs, iteration: int, path: str | Pat
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.")[:48]
     name = f"r2s2r-{slug or 'recording'}"
     importer = functools.partial(import_published, path)
-    return _into_collect(configs, iteration, path, name, f"{name}-{file_digest(path)[:8]}", importer)
+    return _into_collect(configs, iteration, path, name, f"{name}-{sha256_file(path)[:8]}", importer)
 
 
 def _into_collect(
