@@ -8,14 +8,14 @@ for a fixed number of steps:
 * ``forward_backward``: with gradients on the parameters, then one backward pass
   of a loss on the end-cap positions; ``backward_ratio`` = its time / forward time.
 
-With ``--compile`` the engine's compiled step (``Engine(compiled=True)``: without gradients; one
-graph for one environment, one for every other batch size) is also run forward; ``compile_s`` is
-its first step's time (a compile at batch 1 and at the first larger batch). The engine does not
-compile steps with gradients: ``torch.compile`` of the whole step, forward+backward, runs far
-slower than the eager step (docs/physics.md).
+With ``--compile`` the engine's compiled kernel (``Engine(compiled=True)``: steps without
+gradients, CPU float64; :mod:`pipeline.physics.kernel`) is also run forward; ``compile_s`` is its
+first step's time (numba loading its cache, or compiling, about 11 s, where the cache is cold).
+Steps with gradients always run the eager step.
 
-With ``--drift``, how far float32 rollouts end from float64 ones (compiled, 64 robots, random
-motor commands, 5 s at the stages' 5 ms step): the end caps' distance after each second.
+With ``--drift``, how far float32 rollouts (eager: the kernel is float64) end from float64 ones
+(compiled, 64 robots, random motor commands, 5 s at the stages' 5 ms step): the end caps'
+distance after each second.
 
 The anchor, measured in the same run: MuJoCo stepping the twin's model of the same robot single-threaded
 (``mj_step``), in steps per second. Prints one JSON object (last line).
@@ -117,7 +117,7 @@ def _mujoco_steps_per_s(configs, seconds: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and batches (under a minute)")
-    parser.add_argument("--compile", action="store_true", help="also measure torch.compile'd steps")
+    parser.add_argument("--compile", action="store_true", help="also measure the compiled kernel's steps")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes")
     parser.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     parser.add_argument("--drift", action="store_true", help="also measure float32 rollouts' drift from float64")
@@ -167,6 +167,11 @@ def main() -> None:
                 "engine": results,
                 "float32_drift": drift,
                 "anchor_mujoco_steps_per_s": anchor,
+                "compiled_over_mujoco": {
+                    name: entry["compiled_forward_env_steps_per_s"] / anchor
+                    for name, entry in results.items()
+                    if "compiled_forward_env_steps_per_s" in entry
+                },
                 "targets": {
                     "compiled_batch_1_steps_per_s": 5000,
                     "compiled_batch_4096_env_steps_per_s": 1_000_000,

@@ -15,15 +15,28 @@ Per iteration and stage: the wall and CPU time (s) the iteration run logged in M
 The anchor, measured in the same run: ``r2s2r --help`` (interpreter and imports, no work).
 Headline metrics per iteration come from the iterations' MLflow runs.
 
-Usage: ``python -m benchmarks.iteration [--quick]`` (``--quick``: a 4-target random policy, a
-depth-2 search and one redeploy policy, for a smoke run of a few minutes). Prints one JSON object.
+**Where a stage's time goes**: commands 1 and 2 run under py-spy (sampling every Python thread of
+the command 50 times a second, without pausing it). Each sample is put in the stage whose task
+module (``tasks/<stage>.py``) is on its stack, and in the first of these costs its stack shows:
+``compile`` (numba, torch's compiler), ``engine kernel`` (the compiled steps), ``engine eager``
+(steps with gradients and the learned engine's physics), ``learned network``, ``twin physics`` and
+``rendering`` (MuJoCo), ``vision`` (decoding, segmentation and fitting frames), ``plots``,
+``storage`` (Parquet, files), ``mlflow``, ``prefect``, ``imports``, else ``other``. Per stage: the
+seconds sampled (threads that were running), each cost's share, and the three functions of the
+project where most of its samples were (innermost project frame).
+
+Usage: ``python -m benchmarks.iteration [--quick] [--no-profile]`` (``--quick``: a 4-target random
+policy, a depth-2 search and one redeploy policy, for a smoke run of a few minutes). Prints one
+JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -31,6 +44,26 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 R2S2R = str(REPO / ".venv" / "bin" / "r2s2r")
+PYSPY = str(REPO / ".venv" / "bin" / "py-spy")
+SAMPLE_HZ = 50
+COSTS = (
+    ("compile", ("numba/core/", "torch/_dynamo/", "torch/_inductor/")),
+    ("engine kernel", ("pipeline/physics/engine.py:Engine._kernel_step",)),
+    ("learned network", ("pipeline/learned/network.py", "pipeline/learned/training.py")),
+    ("engine eager", ("pipeline/physics/", "pipeline/learned/engine.py")),
+    ("rendering", ("mujoco/renderer.py", "pipeline/hardware/camera.py")),
+    ("twin physics", ("pipeline/hardware/twin.py",)),
+    ("vision", ("pipeline/perception/", "storage/frames.py")),
+    ("plots", ("pipeline/plots.py", "matplotlib/")),
+    ("storage", ("storage/", "pyarrow/", "pandas/")),
+    ("mlflow", ("mlflow/",)),
+    ("prefect", ("prefect/",)),
+    ("imports", ("<frozen importlib",)),
+)
+"""Costs by the first match in a sample's stack (innermost frame first): a frame's ``file:function``
+starting with, or its file containing, one of the patterns."""
+_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*):\d+\)$")
+_PROJECT = ("pipeline/", "storage/", "tasks/", "flows/")
 QUICK = {
     "collect.random.n_targets": 4,
     "gaits.search": {"depth": 2, "validate_top": 2},
@@ -40,12 +73,51 @@ QUICK = {
 }
 
 
-def _timed(cmd: list[str], env: dict[str, str]) -> float:
+def _timed(cmd: list[str], env: dict[str, str], profile: Path | None = None) -> float:
+    """Wall time (s) of ``cmd``; with ``profile``, run under py-spy, its raw samples written there."""
+    if profile is not None:
+        spy = [PYSPY, "record", "--format", "raw", "--nonblocking", "--rate", str(SAMPLE_HZ), "-o", str(profile), "--"]
+        cmd = [*spy, str(REPO / ".venv" / "bin" / "python"), *cmd]
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return time.perf_counter() - start
+
+
+def _cost(frames: list[tuple[str, str]]) -> str:
+    """The :data:`COSTS` name of a sample's stack ``frames`` ((file, function), outermost first)."""
+    for name, patterns in COSTS:
+        for file, function in reversed(frames):
+            if any(f"{file}:{function}".startswith(p) or p in file for p in patterns):
+                return name
+    return "other"
+
+
+def stage_costs(profiles: list[Path]) -> dict[str, dict[str, object]]:
+    """Per stage, from py-spy raw profiles (``stack count`` lines): seconds sampled, each cost's
+    share (%) and the three innermost project functions with most samples (%)."""
+    samples: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    functions: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for profile in profiles:
+        for line in profile.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = [(m["file"], m["function"]) for m in map(_FRAME.match, stack.split(";")) if m]
+            stage = next((Path(file).stem for file, _ in frames if file.startswith("tasks/")), None)
+            if stage is None:
+                continue
+            samples[stage][_cost(frames)] += int(count)
+            inner = next((f"{file}:{function}" for file, function in reversed(frames) if file.startswith(_PROJECT)))
+            functions[stage][inner] += int(count)
+    result = {}
+    for stage, costs in samples.items():
+        total = sum(costs.values())
+        result[stage] = {
+            "sampled_s": round(total / SAMPLE_HZ, 1),
+            "costs_pct": {name: round(100 * n / total, 1) for name, n in costs.most_common()},
+            "top_functions_pct": {name: round(100 * n / total, 1) for name, n in functions[stage].most_common(3)},
+        }
+    return result
 
 
 def _stage_times(client, experiment: str) -> dict[str, dict[str, float]]:
@@ -62,6 +134,7 @@ def _stage_times(client, experiment: str) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small policy and search (a few minutes)")
+    parser.add_argument("--no-profile", action="store_true", help="run the commands without py-spy")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="r2s2r-bench-") as tmp:
         runs = Path(tmp) / "runs"
@@ -78,8 +151,10 @@ def main() -> None:
         from flows.local_server import stop
 
         try:
-            iteration_1 = _timed([R2S2R, "iterate", "-k", "1", *sets], env)
-            campaign_call = _timed([R2S2R, "campaign", "-n", "2", *sets], env)
+            profiles = [] if args.no_profile else [Path(tmp) / "iteration-1.txt", Path(tmp) / "campaign.txt"]
+            iteration_1 = _timed([R2S2R, "iterate", "-k", "1", *sets], env, *profiles[:1])
+            campaign_call = _timed([R2S2R, "campaign", "-n", "2", *sets], env, *profiles[1:])
+            costs = stage_costs(profiles)
             all_cached = _timed([R2S2R, "iterate", "-k", "2", *sets], env)
             rerun_cli = _timed([R2S2R, "rerun", "evaluate", "-k", "2", *sets], env)
         finally:
@@ -111,6 +186,7 @@ def main() -> None:
                 "cached_rerun_overhead_s": rerun_cli - rerun_stage,
                 "anchor_cli_help_wall_s": anchor,
                 "stage_times_s": times,
+                "stage_costs_both_iterations": costs,
                 "headline_by_iteration": headline,
                 "quick": args.quick,
             }

@@ -23,14 +23,15 @@ Shapes: B environments, 3 rods, 6 caps, 9 cables. Units SI.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
+import numba
+import numpy
 import torch
 
 from pipeline.control import REST_LENGTH_LIMITS_M, motor_speed_rad_s, rest_length_change_m
 from pipeline.physics.contact import friction_impulse, normal_impulse, time_of_impact
+from pipeline.physics.kernel import PARAMETER_COLUMNS, step_kernel
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
 from pipeline.physics.rod_contact import (
@@ -100,16 +101,6 @@ class FreeMotion:
     tension: torch.Tensor
 
 
-def _batch_dynamic(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``tensors``, their first (batch) dimension marked as maybe dynamic for ``torch.compile``: what
-    the eager parts of a compiled step (:meth:`Engine._rod_contact`, :meth:`Engine._rod_separation`)
-    return to the compiled rest (the step's own inputs are marked dynamic by :func:`_batch_inputs`):
-    one graph per part then serves every batch size. Nothing changes in eager mode."""
-    for tensor in tensors:
-        torch._dynamo.maybe_mark_dynamic(tensor, 0)
-    return tensors
-
-
 def _symmetric_inverse(k: torch.Tensor) -> torch.Tensor:
     """Inverses of symmetric invertible 3x3 matrices ``k`` (..., 3, 3), from their cofactors
     (elementwise: no batched LU for matrices this small)."""
@@ -127,6 +118,11 @@ def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], dim=-1)
 
 
+PARALLEL_BATCH = 64
+"""Batches of at least this many environments step on several threads (the compiled kernel): below,
+one thread is as fast, and does not wait for a thread another process has taken the core from."""
+
+
 class Engine:
     """Steps a batch of robots; ``dt`` is the physics time step (s).
 
@@ -134,8 +130,8 @@ class Engine:
     resting contacts do not jitter. ``contact_iterations``: projected-Jacobi sweeps
     that refine the contact impulses of a rod touching at several points; they
     change the impulses' values only (the gradient is that of the first pass).
-    ``compiled``: steps taken without gradients (grad mode off) run a ``torch.compile`` of the
-    step (:func:`compiled_step`).
+    ``compiled``: steps taken without gradients (grad mode off) on CPU float64 tensors run the
+    compiled kernel (:func:`~pipeline.physics.kernel.step_kernel`); other steps run eagerly.
     """
 
     def __init__(
@@ -162,6 +158,52 @@ class Engine:
         self._cable_ends = torch.cat([model.cable_a, model.cable_b])
         self._n_points = model.local_points.shape[0] * model.local_points.shape[1]
         self._shapes = rod_shapes(model.robot, model.dtype, model.device)
+        self._kernel_model = self._kernel_constants(gravity_m_s2)
+        self._columns: tuple | None = None
+
+    def _kernel_constants(self, gravity_m_s2: float) -> tuple:
+        """The model as :func:`~pipeline.physics.kernel.step_kernel` takes it (float64 NumPy arrays;
+        flat point indices as int64): body points, masses, inertia, cables, ground-contact spheres,
+        capsule pairs and the scalars."""
+        m, shapes = self.model, self._shapes
+
+        def array(tensor: torch.Tensor, dtype=torch.float64):
+            return tensor.detach().to("cpu", dtype).contiguous().numpy()
+
+        pair_z = torch.stack(
+            [
+                shapes.z0_m[shapes.first_shape],
+                shapes.z1_m[shapes.first_shape],
+                shapes.z0_m[shapes.second_shape],
+                shapes.z1_m[shapes.second_shape],
+            ],
+            1,
+        )
+        scalars = torch.tensor(
+            [
+                self.dt,
+                gravity_m_s2,
+                self.omega_max,
+                self.winch_radius,
+                self.bounce_speed,
+                *REST_LENGTH_LIMITS_M,
+                ROD_CONTACT_MARGIN_M,
+            ],
+            dtype=torch.float64,
+        )
+        return (
+            array(m.local_points),
+            array(m.mass),
+            array(m.inertia),
+            array(m.cable_a, torch.int64),
+            array(m.cable_b, torch.int64),
+            array(m.contact_index, torch.int64),
+            array(m.contact_radius),
+            array(torch.stack([shapes.first, shapes.second], 1), torch.int64),
+            array(pair_z),
+            array(shapes.reach_m),
+            array(scalars),
+        )
 
     # ----------------------------------------------------------------- geometry
     def _points(self, state: State, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,12 +266,43 @@ class Engine:
 
     def step(self, params: Params, state: State, control: torch.Tensor) -> State:
         """Advance every environment by ``dt`` with motor commands ``control`` (B, 6) in [-1, 1]."""
-        if self.compiled and not torch.is_grad_enabled():
-            return compiled_step()(self, *_batch_inputs(params, state, control))
+        cpu64 = state.pos.device.type == "cpu" and state.pos.dtype == torch.float64
+        if self.compiled and cpu64 and not torch.is_grad_enabled():
+            return self._kernel_step(params, state, control)
         return self.advance(params, state, control)
 
+    def _kernel_step(self, params: Params, state: State, control: torch.Tensor) -> State:
+        """:meth:`step` by :func:`~pipeline.physics.kernel.step_kernel` (no gradients; CPU, float64), on
+        as many threads as torch uses (``torch.set_num_threads``) from :data:`PARALLEL_BATCH`
+        environments up, on one below."""
+        batch = state.batch_size
+        inputs = [getattr(state, f.name).detach().contiguous().numpy() for f in fields(State)]
+        out = [numpy.empty_like(array) for array in inputs]
+        threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS) if batch >= PARALLEL_BATCH else 1
+        numba.set_num_threads(threads)
+        step_kernel(
+            *inputs,
+            control.detach().expand(batch, -1).contiguous().numpy(),
+            self._parameter_columns(params, batch),
+            *self._kernel_model,
+            self.contact_iterations,
+            ROD_CONTACT_SWEEPS,
+            *out,
+        )
+        return State(*(torch.from_numpy(array) for array in out))
+
+    def _parameter_columns(self, params: Params, batch: int) -> numpy.ndarray:
+        """``params`` as the kernel's (B, 10) array (:data:`~pipeline.physics.kernel.PARAMETER_COLUMNS`),
+        kept while the same parameters, unchanged, come back (a rollout passes them every step)."""
+        tensors = [getattr(params, name) for name in PARAMETER_COLUMNS]
+        key = (batch, *((id(t), t._version) for t in tensors))
+        if self._columns is None or self._columns[0] != key:
+            columns = torch.stack([t.detach().expand(batch) for t in tensors], 1).numpy()
+            self._columns = (key, columns, tensors)
+        return self._columns[1]
+
     def advance(self, params: Params, state: State, control: torch.Tensor) -> State:
-        """:meth:`step` in eager mode (what :func:`compiled_step` compiles)."""
+        """:meth:`step` in eager mode (what :func:`~pipeline.physics.kernel.step_kernel` computes)."""
         free = self.free_motion(params, state, control)
         vel, omega, bounce_height = self._ground_contact(params, state, free.vel, free.omega, free.rotations, free.arms)
         return self.finish(state, free, vel, omega, bounce_height)
@@ -303,7 +376,6 @@ class Engine:
             pos=pos, quat=quat, vel=vel, omega=omega, rest_length=free.rest_length, motor_omega=free.motor_omega
         )
 
-    @torch.compiler.disable
     def _rod_contact(
         self,
         state: State,
@@ -322,9 +394,8 @@ class Engine:
         one still closes too fast). Detached: a contact changes the velocities' values, not their
         gradient. Returns the velocities and which pairs were near (B, P).
 
-        Eager also in a compiled step: it works on the few near pairs (about a tenth), a number
-        only known at run time; compiled over every pair, the sweeps and separations took 75 %
-        of a step at 1024 environments."""
+        It works on the few near pairs (about a tenth) only: over every pair, the sweeps and
+        separations took 75 % of an eager step at 1024 environments."""
         m = self.model
         shapes = self._shapes
         rot, pos = rotations.detach(), state.pos.detach()
@@ -332,7 +403,7 @@ class Engine:
         near = gap < ROD_CONTACT_MARGIN_M
         env, pair = near.nonzero(as_tuple=True)
         if not len(env):
-            return _batch_dynamic(vel, omega, near)
+            return vel, omega, near
         on_i, on_j, gap = on_i[env, pair], on_j[env, pair], gap[env, pair]
         first, second = shapes.first[pair], shapes.second[pair]
         rows_i, rows_j = 3 * env + first, 3 * env + second  # rows of the (B * 3) rods
@@ -361,15 +432,14 @@ class Engine:
             d_vel = d_vel + zero.index_add(0, rows, on_rods) / mass
             d_angular = zero.index_add(0, rows, cross(arms, on_rods))
             d_omega = d_omega + self._to_world(flat_rot, self._to_body(flat_rot, d_angular) * inverse_inertia)
-        return _batch_dynamic(vel + d_vel.view_as(vel), omega + d_omega.view_as(omega), near)
+        return vel + d_vel.view_as(vel), omega + d_omega.view_as(omega), near
 
-    @torch.compiler.disable
     def _rod_separation(self, pos: torch.Tensor, rotations: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
         """Translations (B, 3, 3) that move overlapping capsules apart along their normal, half each
         (the speculative impulses leave an overlap where a step turns the rods far); of the pairs
         ``near`` (B, P) at the step's start (no other can overlap after it), all at once, again while
         an overlap is left, at most :data:`~pipeline.physics.rod_contact.ROD_CONTACT_SWEEPS` times.
-        Eager, as :meth:`_rod_contact`."""
+        Of the near pairs only, as :meth:`_rod_contact`."""
         shapes = self._shapes
         env, pair = near.nonzero(as_tuple=True)
         rows = torch.cat([3 * env + shapes.first[pair], 3 * env + shapes.second[pair]])
@@ -381,8 +451,7 @@ class Engine:
                 break
             apart = 0.5 * overlap[:, None] * unit(on_i - on_j)
             shift = shift.index_add(0, rows, torch.cat([apart, -apart]))
-        (out,) = _batch_dynamic(shift.view_as(pos))
-        return out
+        return shift.view_as(pos)
 
     def _shape_closest_points(self, pos: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The closest points (each (B, P, 3)) of each pair of collision capsules, on its first rod's
@@ -507,38 +576,3 @@ class Engine:
         deficit = (target_height - height).clamp(min=0.0)
         lift = (deficit[..., None] * m.contact_incidence).amax(dim=1)
         return torch.stack([torch.zeros_like(lift), torch.zeros_like(lift), lift], dim=-1)
-
-
-@functools.cache
-def compiled_step() -> Callable[[Engine, Params, State, torch.Tensor], State]:
-    """``torch.compile`` of :meth:`Engine.advance`, made once per process and shared by every
-    engine (the model's tensors are inputs, so a new engine or batch size does not compile
-    again, except from one environment to more; a new time step, dtype or other float setting
-    does). Compiling took 40-55 s on two cores with an empty inductor cache; the compiled step was
-    4.3 / 2.5 / 1.8 / 1.6 times faster than the eager one at 1 / 64 / 1024 / 4096 environments
-    (``python -m benchmarks.engine --compile``).
-    The rod contact's sweeps run eagerly between its graphs (:meth:`Engine._rod_contact`).
-    Without gradients only: a compiled forward+backward ran about 60 times slower than the eager one."""
-    return torch.compile(Engine.advance)
-
-
-def _batch_inputs(params: Params, state: State, control: torch.Tensor) -> tuple[Params, State, torch.Tensor]:
-    """The step's inputs with ``B`` environments (parameters of one environment repeated), the
-    state and commands batch-innermost (:func:`_batch_last`), their batch dimension marked
-    dynamic so that one compiled graph serves every batch size above one."""
-    batch = state.batch_size
-    params = Params(**{n: v.expand(batch).contiguous() for n, v in params.as_dict().items()})
-    state = State(**{f.name: _batch_last(getattr(state, f.name)) for f in fields(State)})
-    control = _batch_last(control.expand(batch, -1))
-    tensors = (*params.as_dict().values(), *(getattr(state, f.name) for f in fields(State)), control)
-    for tensor in tensors:
-        torch._dynamo.mark_dynamic(tensor, 0)
-    return params, state, control
-
-
-def _batch_last(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` (B, ...) with the same shape and values, laid out with the batch dimension
-    innermost (stride 1): the compiled step's loops then run over the environments, which the
-    compiler vectorises (1.1 and 1.2 times faster at 1024 and 4096 environments than the batch-first
-    layout). A no-op on a tensor laid out so already (the compiled step's outputs)."""
-    return tensor.movedim(0, -1).contiguous().movedim(-1, 0)
