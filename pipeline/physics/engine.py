@@ -296,10 +296,11 @@ class Engine:
         kept while the same parameters, unchanged, come back (a rollout passes them every step)."""
         tensors = [getattr(params, name) for name in PARAMETER_COLUMNS]
         key = (batch, *((id(t), t._version) for t in tensors))
-        if self._columns is None or self._columns[0] != key:
-            columns = torch.stack([t.detach().expand(batch) for t in tensors], 1).numpy()
-            self._columns = (key, columns, tensors)
-        return self._columns[1]
+        cached = self._columns  # read once: engines are shared between threads
+        if cached is None or cached[0] != key:
+            cached = (key, torch.stack([t.detach().expand(batch) for t in tensors], 1).numpy(), tensors)
+            self._columns = cached
+        return cached[1]
 
     def advance(self, params: Params, state: State, control: torch.Tensor) -> State:
         """:meth:`step` in eager mode (what :func:`~pipeline.physics.kernel.step_kernel` computes)."""
