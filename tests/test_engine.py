@@ -168,13 +168,14 @@ def test_compiled_engine_matches_the_eager_one(engine, rest_state, default_confi
     eager = Engine(engine.model, dt=0.005)  # the stages' time step
     compiled = Engine(engine.model, dt=0.005, compiled=True)
     batched = []
-    real = engine_module.step_kernel
+    for name in ("step_kernel", "step_kernel_serial"):  # on several threads, on one
+        real = getattr(engine_module, name)
 
-    def counted(*inputs):
-        batched.append(inputs[0].shape[0])
-        return real(*inputs)
+        def counted(*inputs, real=real):
+            batched.append(inputs[0].shape[0])
+            return real(*inputs)
 
-    monkeypatch.setattr(engine_module, "step_kernel", counted)
+        monkeypatch.setattr(engine_module, name, counted)
     targets = torch.tensor([[0.2, 1, 1, 0.2, 1, 1], [1.0] * 6], dtype=torch.float64)
     for speeds in ([0.6, 0.9, 1.2], [0.7, 0.8, 1.0, 1.1, 1.3]):
         batch = params1.expand(len(speeds)).replace(motor_speed=torch.tensor(speeds, dtype=torch.float64))
@@ -220,6 +221,41 @@ def test_compiled_step_equals_the_eager_step_over_random_commands(engine, rest_s
     moved_m = (engine.cap_positions(states[0]) - engine.cap_positions(start)).norm(dim=-1).amax()
     assert float(moved_m) > 0.1  # the commands rolled the robot
     assert largest_m < 1e-7, largest_m
+
+
+def test_the_kernel_on_several_threads_equals_it_on_one(engine, rest_state, monkeypatch) -> None:
+    """The compiled kernel's environments are independent: split over two threads (256 robots, 50
+    steps of random commands) its states are those of the one-thread kernel, bit for bit (the
+    test workers run torch on one thread, so the rest of the tests take the one-thread kernel)."""
+    import pipeline.physics.engine as engine_module
+
+    params1, rest = rest_state
+    compiled = Engine(engine.model, dt=0.005, compiled=True)
+    batch = 256
+    generator = torch.Generator().manual_seed(7)
+    states = {}
+    for threads in (1, 2):
+        called = []
+        for name in ("step_kernel", "step_kernel_serial"):
+            real = getattr(engine_module, name)
+
+            def counted(*inputs, real=real, name=name, called=called):
+                called.append(name)
+                return real(*inputs)
+
+            monkeypatch.setattr(engine_module, name, counted)
+        monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
+        state = rest.index(torch.zeros(batch, dtype=torch.long))
+        with torch.no_grad():
+            for step in range(50):
+                if step % 10 == 0:
+                    control = torch.rand(batch, 6, generator=generator.manual_seed(step), dtype=torch.float64) * 2 - 1
+                state = compiled.step(params1.expand(batch), state, control)
+        assert set(called) == {"step_kernel" if threads > 1 else "step_kernel_serial"}
+        states[threads] = state
+        monkeypatch.undo()
+    for field in ("pos", "quat", "vel", "omega", "rest_length", "motor_omega"):
+        assert torch.equal(getattr(states[1], field), getattr(states[2], field)), field
 
 
 def test_per_environment_end_times_return_the_state_at_each(engine, rest_state, default_configs) -> None:

@@ -31,7 +31,7 @@ import torch
 
 from pipeline.control import REST_LENGTH_LIMITS_M, motor_speed_rad_s, rest_length_change_m
 from pipeline.physics.contact import friction_impulse, normal_impulse, time_of_impact
-from pipeline.physics.kernel import PARAMETER_COLUMNS, step_kernel
+from pipeline.physics.kernel import PARAMETER_COLUMNS, step_kernel, step_kernel_serial
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
 from pipeline.physics.rod_contact import (
@@ -213,15 +213,27 @@ class Engine:
         arms = columns[..., 0] * local[..., 0] + columns[..., 1] * local[..., 1] + columns[..., 2] * local[..., 2]
         return state.pos[:, :, None] + arms, arms
 
+    def _flat_points(self, state: State) -> torch.Tensor:
+        """Every body point's world position (B, 3 * K, 3) in metres, in flat-index order."""
+        points, _ = self._points(state, quat_to_matrix(state.quat))
+        return points.reshape(state.batch_size, -1, 3)
+
     def cap_positions(self, state: State) -> torch.Tensor:
         """End-cap centres (B, 6, 3) in metres."""
-        points, _ = self._points(state, quat_to_matrix(state.quat))
-        return points.reshape(state.batch_size, -1, 3)[:, self.model.cap_index]
+        return self._flat_points(state)[:, self.model.cap_index]
 
     def cable_lengths(self, state: State) -> torch.Tensor:
         """Distances (B, 9) between each cable's attachment points (m)."""
-        points, _ = self._points(state, quat_to_matrix(state.quat))
-        flat = points.reshape(state.batch_size, -1, 3)
+        return self._lengths(self._flat_points(state))
+
+    def caps_and_cable_lengths(self, state: State) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`cap_positions` and :meth:`cable_lengths` of ``state`` from one placement of its points
+        (what a rollout records every control tick)."""
+        flat = self._flat_points(state)
+        return flat[:, self.model.cap_index], self._lengths(flat)
+
+    def _lengths(self, flat: torch.Tensor) -> torch.Tensor:
+        """Cable lengths (B, 9) in metres of points ``flat`` (:meth:`_flat_points`)."""
         return (flat[:, self.model.cable_b] - flat[:, self.model.cable_a]).norm(dim=-1)
 
     def _to_world(self, rotations: torch.Tensor, body: torch.Tensor) -> torch.Tensor:
@@ -274,13 +286,13 @@ class Engine:
     def _kernel_step(self, params: Params, state: State, control: torch.Tensor) -> State:
         """:meth:`step` by :func:`~pipeline.physics.kernel.step_kernel` (no gradients; CPU, float64), on
         as many threads as torch uses (``torch.set_num_threads``) from :data:`PARALLEL_BATCH`
-        environments up, on one below."""
+        environments up, on the calling thread alone below or where torch uses one."""
         batch = state.batch_size
         inputs = [getattr(state, f.name).detach().contiguous().numpy() for f in fields(State)]
         out = [numpy.empty_like(array) for array in inputs]
         threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS) if batch >= PARALLEL_BATCH else 1
         numba.set_num_threads(threads)
-        step_kernel(
+        (step_kernel if threads > 1 else step_kernel_serial)(
             *inputs,
             control.detach().expand(batch, -1).contiguous().numpy(),
             self._parameter_columns(params, batch),

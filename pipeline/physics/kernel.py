@@ -40,6 +40,7 @@ PARAMETER_COLUMNS = (
 _EPS = 1e-12
 
 numba.config.THREADING_LAYER = "threadsafe"  # the stages may step engines from several threads at once
+numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 
 
 @numba.njit(cache=True)
@@ -155,6 +156,46 @@ def step_kernel(
     high) and the rod-contact margin.
     """
     for b in numba.prange(pos.shape[0]):
+        _step_env(
+            b, pos, quat, vel, omega, rest_length, motor_omega, control, params, local, mass, inertia,
+            cable_a, cable_b, contact_point, contact_radius, pair_rods, pair_z, pair_reach, scalars,
+            contact_iterations, sweeps, out_pos, out_quat, out_vel, out_omega, out_rest, out_motor,
+        )  # fmt: skip
+
+
+@numba.njit(cache=True)
+def step_kernel_serial(
+    pos: np.ndarray,
+    quat: np.ndarray,
+    vel: np.ndarray,
+    omega: np.ndarray,
+    rest_length: np.ndarray,
+    motor_omega: np.ndarray,
+    control: np.ndarray,
+    params: np.ndarray,
+    local: np.ndarray,
+    mass: np.ndarray,
+    inertia: np.ndarray,
+    cable_a: np.ndarray,
+    cable_b: np.ndarray,
+    contact_point: np.ndarray,
+    contact_radius: np.ndarray,
+    pair_rods: np.ndarray,
+    pair_z: np.ndarray,
+    pair_reach: np.ndarray,
+    scalars: np.ndarray,
+    contact_iterations: int,
+    sweeps: int,
+    out_pos: np.ndarray,
+    out_quat: np.ndarray,
+    out_vel: np.ndarray,
+    out_omega: np.ndarray,
+    out_rest: np.ndarray,
+    out_motor: np.ndarray,
+) -> None:
+    """:func:`step_kernel` on the calling thread alone: for one thread, where the parallel loop's
+    team would still wait at its barrier for threads other processes hold the cores of."""
+    for b in range(pos.shape[0]):
         _step_env(
             b, pos, quat, vel, omega, rest_length, motor_omega, control, params, local, mass, inertia,
             cable_a, cable_b, contact_point, contact_radius, pair_rods, pair_z, pair_reach, scalars,

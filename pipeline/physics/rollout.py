@@ -116,7 +116,7 @@ def run_policy(
     was_ended = torch.zeros(batch, dtype=torch.bool, device=device)
     while True:
         t = tick * tick_s
-        lengths = engine.cable_lengths(state)
+        caps_now, lengths = engine.caps_and_cable_lengths(state)
         position = (lengths[:, :N_ACTUATED] - lo) / span
         target = targets[torch.arange(batch, device=device), segment]
         holding = torch.isfinite(hold_until)
@@ -142,7 +142,7 @@ def run_policy(
         u = u * ~finished[:, None]
         previous, has_previous = error, torch.ones_like(has_previous)
         times.append(t)
-        caps.append(engine.cap_positions(state))
+        caps.append(caps_now)
         if record_orientations:
             quats.append(state.quat)
         cables.append(lengths)
