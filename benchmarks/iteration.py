@@ -60,8 +60,8 @@ COSTS = (
     ("prefect", ("prefect/",)),
     ("imports", ("<frozen importlib",)),
 )
-"""Costs by the first match in a sample's stack (innermost frame first): a frame's ``file:function``
-starting with, or its file containing, one of the patterns."""
+"""A sample's cost: the first of these, in this order, that a frame of its stack matches (the frame's
+``file:function`` starts with one of the patterns, or its file contains one)."""
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*):\d+\)$")
 _PROJECT = ("pipeline/", "storage/", "tasks/", "flows/")
 QUICK = {
