@@ -48,7 +48,7 @@ PYSPY = str(REPO / ".venv" / "bin" / "py-spy")
 SAMPLE_HZ = 50
 COSTS = (
     ("compile", ("numba/core/", "torch/_dynamo/", "torch/_inductor/")),
-    ("engine kernel", ("pipeline/physics/engine.py:Engine._kernel_step",)),
+    ("engine kernel", ("pipeline/physics/engine.py:Engine._kernel_steps",)),
     ("learned network", ("pipeline/learned/network.py", "pipeline/learned/training.py")),
     ("engine eager", ("pipeline/physics/", "pipeline/learned/engine.py")),
     ("rendering", ("mujoco/renderer.py", "pipeline/hardware/camera.py")),

@@ -172,7 +172,7 @@ def test_compiled_engine_matches_the_eager_one(engine, rest_state, default_confi
         real = getattr(engine_module, name)
 
         def counted(*inputs, real=real):
-            batched.append(inputs[0].shape[0])
+            batched.append(inputs[0][0].shape[0])
             return real(*inputs)
 
         monkeypatch.setattr(engine_module, name, counted)
@@ -221,6 +221,36 @@ def test_compiled_step_equals_the_eager_step_over_random_commands(engine, rest_s
     moved_m = (engine.cap_positions(states[0]) - engine.cap_positions(start)).norm(dim=-1).amax()
     assert float(moved_m) > 0.1  # the commands rolled the robot
     assert largest_m < 1e-7, largest_m
+
+
+def test_a_ticks_steps_in_one_kernel_call_equal_single_steps(engine, rest_state) -> None:
+    """``Engine.steps`` runs a control tick's steps in one kernel call, each environment through all
+    of them in turn: its states are those of as many single steps, bit for bit (1, 2 and 5 steps:
+    the last lands in the output whether the step count is odd or even), and the compiled end caps
+    and cable lengths equal the eager geometry's to rounding (1e-15 m: the same products in
+    another order)."""
+    params1, rest = rest_state
+    compiled = Engine(engine.model, dt=0.005, compiled=True)
+    batch = 96
+    generator = torch.Generator().manual_seed(11)
+    start = rest.index(torch.zeros(batch, dtype=torch.long))
+    params = params1.expand(batch)
+    with torch.no_grad():
+        for n in (1, 2, 5):
+            control = torch.rand(batch, 6, generator=generator, dtype=torch.float64) * 2 - 1
+            single = start
+            for _ in range(n):
+                single = compiled.step(params, single, control)
+            together = compiled.steps(params, start, control, n)
+            for field in ("pos", "quat", "vel", "omega", "rest_length", "motor_omega"):
+                assert torch.equal(getattr(single, field), getattr(together, field)), (n, field)
+            start = together
+        caps, lengths = compiled.caps_and_cable_lengths(start)
+        eager_caps, eager_lengths = engine.caps_and_cable_lengths(start)
+    assert float((start.pos - rest.pos[:1]).norm(dim=-1).max()) > 1e-4  # the steps moved the rods
+    torch.testing.assert_close(caps, eager_caps, rtol=0, atol=1e-15)
+    torch.testing.assert_close(lengths, eager_lengths, rtol=0, atol=1e-15)
+    torch.testing.assert_close(compiled.cap_positions(start), eager_caps, rtol=0, atol=1e-15)
 
 
 def test_the_kernel_on_several_threads_equals_it_on_one(engine, rest_state, monkeypatch) -> None:

@@ -31,7 +31,7 @@ import torch
 
 from pipeline.control import REST_LENGTH_LIMITS_M, motor_speed_rad_s, rest_length_change_m
 from pipeline.physics.contact import friction_impulse, normal_impulse, time_of_impact
-from pipeline.physics.kernel import PARAMETER_COLUMNS, step_kernel, step_kernel_serial
+from pipeline.physics.kernel import PARAMETER_COLUMNS, caps_and_lengths, step_kernel, step_kernel_serial
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
 from pipeline.physics.rod_contact import (
@@ -159,6 +159,7 @@ class Engine:
         self._n_points = model.local_points.shape[0] * model.local_points.shape[1]
         self._shapes = rod_shapes(model.robot, model.dtype, model.device)
         self._kernel_model = self._kernel_constants(gravity_m_s2)
+        self._cap_point = model.cap_index.to("cpu", torch.int64).numpy()
         self._columns: tuple | None = None
 
     def _kernel_constants(self, gravity_m_s2: float) -> tuple:
@@ -188,6 +189,8 @@ class Engine:
                 self.bounce_speed,
                 *REST_LENGTH_LIMITS_M,
                 ROD_CONTACT_MARGIN_M,
+                float(shapes.z0_m.min()),
+                float(shapes.z1_m.max()),
             ],
             dtype=torch.float64,
         )
@@ -220,6 +223,8 @@ class Engine:
 
     def cap_positions(self, state: State) -> torch.Tensor:
         """End-cap centres (B, 6, 3) in metres."""
+        if self._kernel_applies(state):
+            return self.caps_and_cable_lengths(state)[0]
         return self._flat_points(state)[:, self.model.cap_index]
 
     def cable_lengths(self, state: State) -> torch.Tensor:
@@ -228,7 +233,16 @@ class Engine:
 
     def caps_and_cable_lengths(self, state: State) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`cap_positions` and :meth:`cable_lengths` of ``state`` from one placement of its points
-        (what a rollout records every control tick)."""
+        (what a rollout records every control tick); compiled (:func:`~pipeline.physics.kernel.caps_and_lengths`)
+        where the steps are."""
+        if self._kernel_applies(state):
+            batch = state.batch_size
+            caps = numpy.empty((batch, len(self.model.cap_index), 3))
+            lengths = numpy.empty((batch, len(self.model.cable_a)))
+            local, _, _, cable_a, cable_b, *_ = self._kernel_model
+            pos, quat = (tensor.detach().contiguous().numpy() for tensor in (state.pos, state.quat))
+            caps_and_lengths(pos, quat, local, self._cap_point, cable_a, cable_b, caps, lengths)
+            return torch.from_numpy(caps), torch.from_numpy(lengths)
         flat = self._flat_points(state)
         return flat[:, self.model.cap_index], self._lengths(flat)
 
@@ -278,28 +292,42 @@ class Engine:
 
     def step(self, params: Params, state: State, control: torch.Tensor) -> State:
         """Advance every environment by ``dt`` with motor commands ``control`` (B, 6) in [-1, 1]."""
-        cpu64 = state.pos.device.type == "cpu" and state.pos.dtype == torch.float64
-        if self.compiled and cpu64 and not torch.is_grad_enabled():
-            return self._kernel_step(params, state, control)
-        return self.advance(params, state, control)
+        return self.steps(params, state, control, 1)
 
-    def _kernel_step(self, params: Params, state: State, control: torch.Tensor) -> State:
-        """:meth:`step` by :func:`~pipeline.physics.kernel.step_kernel` (no gradients; CPU, float64), on
+    def steps(self, params: Params, state: State, control: torch.Tensor, n: int) -> State:
+        """Advance every environment by ``n`` steps of ``dt``, each with motor commands ``control``
+        (B, 6) in [-1, 1] (a control tick's physics steps, in one call of the compiled kernel)."""
+        if self._kernel_applies(state):
+            return self._kernel_steps(params, state, control, n)
+        for _ in range(n):
+            state = self.advance(params, state, control)
+        return state
+
+    def _kernel_applies(self, state: State) -> bool:
+        """Whether ``state``'s steps and geometry run compiled: ``compiled``, no gradients, CPU float64."""
+        cpu64 = state.pos.device.type == "cpu" and state.pos.dtype == torch.float64
+        return self.compiled and cpu64 and not torch.is_grad_enabled()
+
+    def _kernel_steps(self, params: Params, state: State, control: torch.Tensor, n: int) -> State:
+        """:meth:`steps` by :func:`~pipeline.physics.kernel.step_kernel` (no gradients; CPU, float64), on
         as many threads as torch uses (``torch.set_num_threads``) from :data:`PARALLEL_BATCH`
         environments up, on the calling thread alone below or where torch uses one."""
         batch = state.batch_size
-        inputs = [getattr(state, f.name).detach().contiguous().numpy() for f in fields(State)]
-        out = [numpy.empty_like(array) for array in inputs]
+        inputs = tuple(getattr(state, f.name).detach().contiguous().numpy() for f in fields(State))
+        out = tuple(numpy.empty_like(array) for array in inputs)
+        spare = tuple(numpy.empty_like(array) for array in inputs) if n > 1 else out
         threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS) if batch >= PARALLEL_BATCH else 1
         numba.set_num_threads(threads)
         (step_kernel if threads > 1 else step_kernel_serial)(
-            *inputs,
+            inputs,
             control.detach().expand(batch, -1).contiguous().numpy(),
             self._parameter_columns(params, batch),
-            *self._kernel_model,
+            self._kernel_model,
             self.contact_iterations,
             ROD_CONTACT_SWEEPS,
-            *out,
+            n,
+            spare,
+            out,
         )
         return State(*(torch.from_numpy(array) for array in out))
 

@@ -4,13 +4,18 @@
 :func:`step_kernel` on CPU float64 tensors: the same physics as :meth:`Engine.advance` (motors,
 cables, gravity, ground contact with its projected-Jacobi refinement, contact between the rods'
 capsules, integration, the ground's and the rods' position corrections), written per environment
-in scalars and a few per-environment work arrays, the environments split over the CPU's threads.
-Every pair of capsules goes through the rod-contact sweeps; a pair beyond the margin at the step's
-start, or one not closing, adds nothing (the eager step's selection of near pairs, as masks). Its
-results equal the eager step's to rounding (``tests/test_engine.py``); it runs several times
-faster than a ``torch.compile`` of the eager step, whose graphs write every intermediate of every
-environment to memory (``docs/performance.md``). Compiled once per machine (numba's cache beside
-this module), for every batch size.
+in scalars and a few work arrays per thread (:func:`_work`), the environments split over the CPU's
+threads. A pair of capsules whose gap is beyond the rod-contact margin at the step's start adds
+nothing (the eager step's selection of near pairs, as masks); a lower bound of the gap from the
+rods' distance and the capsules' bounding spheres (:func:`_gap_bound`) spares most such pairs their
+closest points. Its results equal the eager step's to rounding (``tests/test_engine.py``); it runs
+several times faster than a ``torch.compile`` of the eager step, whose graphs write every
+intermediate of every environment to memory (``docs/performance.md``). Compiled once per machine
+(numba's cache beside this module), for every batch size.
+
+Every function but the two kernels and :func:`_work` compiles without numba's runtime
+(``_nrt=False``): they allocate nothing, and without the runtime a view of an array (``rot[r]``)
+carries no reference count, whose atomic increments and decrements took half of a step's time.
 
 Shapes as in :mod:`~pipeline.physics.engine`: B environments, 3 rods, 10 body points per rod, 12
 ground contacts (4 per rod), 9 cables (6 actuated), P capsule pairs. Units SI.
@@ -43,12 +48,12 @@ numba.config.THREADING_LAYER = "threadsafe"  # the stages may step engines from 
 numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _cross(ax: float, ay: float, az: float, bx: float, by: float, bz: float) -> tuple[float, float, float]:
     return ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _to_world(r: np.ndarray, x: float, y: float, z: float) -> tuple[float, float, float]:
     """R v for a rotation ``r`` (3, 3)."""
     return (
@@ -58,7 +63,7 @@ def _to_world(r: np.ndarray, x: float, y: float, z: float) -> tuple[float, float
     )
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _to_body(r: np.ndarray, x: float, y: float, z: float) -> tuple[float, float, float]:
     """R^T v."""
     return (
@@ -68,7 +73,7 @@ def _to_body(r: np.ndarray, x: float, y: float, z: float) -> tuple[float, float,
     )
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _rotation(q: np.ndarray, r: np.ndarray) -> None:
     """The rotation matrix of unit quaternion ``q`` (w, x, y, z) into ``r`` (3, 3)."""
     w, x, y, z = q[0], q[1], q[2], q[3]
@@ -83,7 +88,7 @@ def _rotation(q: np.ndarray, r: np.ndarray) -> None:
     r[2, 2] = 1 - 2 * (x * x + y * y)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _closest(
     pos: np.ndarray, rot: np.ndarray, rod_i: int, rod_j: int, z0_i: float, z1_i: float, z0_j: float, z1_j: float
 ) -> tuple[float, float, float, float, float, float]:
@@ -114,140 +119,234 @@ def _closest(
     return a0 + s * u0, a1 + s * u1, a2 + s * u2, b0 + t * v0, b1 + t * v1, b2 + t * v2
 
 
+_CHUNKS = 64
+"""The parallel kernel's environments in this many runs of consecutive ones, each with its work
+arrays, shared out among the threads."""
+
+_FORCE, _TORQUE, _V1, _W1, _V2, _W2, _MOMENTUM, _ANGULAR, _D_VEL, _D_ANG, _SHIFT, _MOVED, _STEP = range(13)
+"""Slots of the work tuple's per-rod vectors (13, 3, 3) (:func:`_work`)."""
+
+
+@numba.njit(cache=True, _nrt=False)
+def _rod_distances(pos: np.ndarray, rot: np.ndarray, z0: float, z1: float, distance: np.ndarray) -> None:
+    """Per pair of rods, the distance (m) of the segments from ``z0`` to ``z1`` along their body z
+    that hold all their capsules' axes, into ``distance`` (3, 3): no pair of their capsules is
+    nearer than it, less the capsules' radii."""
+    for ri in range(3):
+        for rj in range(ri + 1, 3):
+            o = _closest(pos, rot, ri, rj, z0, z1, z0, z1)
+            dx, dy, dz = o[0] - o[3], o[1] - o[4], o[2] - o[5]
+            distance[ri, rj] = distance[rj, ri] = math.sqrt(dx * dx + dy * dy + dz * dz)
+
+
+@numba.njit(cache=True, _nrt=False)
+def _gap_bound(
+    pos: np.ndarray, rot: np.ndarray, ri: int, rj: int, z: np.ndarray, reach: float, rod_distance: float
+) -> float:
+    """A lower bound (m) of the gap of a pair of capsules (of rods ``ri`` and ``rj``, axes' ends
+    ``z`` (4,) along their body z, radii's sum ``reach``): the larger of their rods' distance
+    (:func:`_rod_distances`) and their bounding spheres' distance, less ``reach``. A pair whose
+    bound is beyond the contact margin skips its closest points, the most costly part of a step
+    where rods are apart; its gap is beyond the margin all the same."""
+    mid_i, mid_j = 0.5 * (z[0] + z[1]), 0.5 * (z[2] + z[3])
+    dx = pos[ri, 0] + mid_i * rot[ri, 0, 2] - pos[rj, 0] - mid_j * rot[rj, 0, 2]
+    dy = pos[ri, 1] + mid_i * rot[ri, 1, 2] - pos[rj, 1] - mid_j * rot[rj, 1, 2]
+    dz = pos[ri, 2] + mid_i * rot[ri, 2, 2] - pos[rj, 2] - mid_j * rot[rj, 2, 2]
+    spheres = math.sqrt(dx * dx + dy * dy + dz * dz) - 0.5 * (z[1] - z[0]) - 0.5 * (z[3] - z[2])
+    return max(spheres, rod_distance) - reach
+
+
+_CHUNKS = 64
+"""The parallel kernel's environments in this many runs of consecutive ones, each with its work
+arrays, shared out among the threads."""
+
+_FORCE, _TORQUE, _V1, _W1, _V2, _W2, _MOMENTUM, _ANGULAR, _D_VEL, _D_ANG, _SHIFT, _MOVED, _STEP = range(13)
+"""Slots of the work tuple's per-rod vectors (13, 3, 3) (:func:`_work`)."""
+
+
+_CHUNKS = 64
+"""The parallel kernel's environments in this many runs of consecutive ones, each with its work
+arrays, shared out among the threads."""
+
+_FORCE, _TORQUE, _V1, _W1, _V2, _W2, _MOMENTUM, _ANGULAR, _D_VEL, _D_ANG, _SHIFT, _MOVED, _STEP = range(13)
+"""Slots of the work tuple's per-rod vectors (13, 3, 3) (:func:`_work`)."""
+
+
+@numba.njit(cache=True, _nrt=False)
+def _rod_distances(pos: np.ndarray, rot: np.ndarray, z0: float, z1: float, distance: np.ndarray) -> None:
+    """Per pair of rods, the distance (m) of the segments from ``z0`` to ``z1`` along their body z
+    that hold all their capsules' axes, into ``distance`` (3, 3): no pair of their capsules is
+    nearer than it, less the capsules' radii."""
+    for ri in range(3):
+        for rj in range(ri + 1, 3):
+            o = _closest(pos, rot, ri, rj, z0, z1, z0, z1)
+            dx, dy, dz = o[0] - o[3], o[1] - o[4], o[2] - o[5]
+            distance[ri, rj] = distance[rj, ri] = math.sqrt(dx * dx + dy * dy + dz * dz)
+
+
+@numba.njit(cache=True, _nrt=False)
+def _gap_bound(
+    pos: np.ndarray, rot: np.ndarray, ri: int, rj: int, z: np.ndarray, reach: float, rod_distance: float
+) -> float:
+    """A lower bound (m) of the gap of a pair of capsules (of rods ``ri`` and ``rj``, axes' ends
+    ``z`` (4,) along their body z, radii's sum ``reach``): the larger of their rods' distance
+    (:func:`_rod_distances`) and their bounding spheres' distance, less ``reach``. A pair whose
+    bound is beyond the contact margin skips its closest points, the most costly part of a step
+    where rods are apart; its gap is beyond the margin all the same."""
+    mid_i, mid_j = 0.5 * (z[0] + z[1]), 0.5 * (z[2] + z[3])
+    dx = pos[ri, 0] + mid_i * rot[ri, 0, 2] - pos[rj, 0] - mid_j * rot[rj, 0, 2]
+    dy = pos[ri, 1] + mid_i * rot[ri, 1, 2] - pos[rj, 1] - mid_j * rot[rj, 1, 2]
+    dz = pos[ri, 2] + mid_i * rot[ri, 2, 2] - pos[rj, 2] - mid_j * rot[rj, 2, 2]
+    spheres = math.sqrt(dx * dx + dy * dy + dz * dz) - 0.5 * (z[1] - z[0]) - 0.5 * (z[3] - z[2])
+    return max(spheres, rod_distance) - reach
+
+
+_CHUNKS = 64
+"""The parallel kernel's environments in this many runs of consecutive ones, each with its work
+arrays, shared out among the threads."""
+
+_FORCE, _TORQUE, _V1, _W1, _V2, _W2, _MOMENTUM, _ANGULAR, _D_VEL, _D_ANG, _SHIFT, _MOVED, _STEP = range(13)
+"""Slots of the work tuple's per-rod vectors (13, 3, 3) (:func:`_work`)."""
+
+
+@numba.njit(cache=True)
+def _work(model: tuple) -> tuple:
+    """One thread's work arrays, reused by each environment it steps (an allocation per array per
+    environment would cost as much as the physics): rotations at the step's start and end (2, 3, 3,
+    3); per-rod vectors (13, 3, 3) in the ``_FORCE``... slots; each rod's lift and active ground
+    contacts (2, 3); the body points' lever arms and velocities (2, 3, K, 3); per ground contact its
+    lever, body point and impulse (3, 12, 3), its inverse contact mass (12, 6), its target speed,
+    share, bounce height, normal speed and gap (5, 12) and whether it is active (12,); per capsule
+    pair its closest points and their lever arms (2, P, 6), normal (P, 3), gap and inverse mass
+    (2, P); per pair of rods their distance (3, 3). ``model`` as :func:`step_kernel` takes it."""
+    n_points, n_contacts, n_pairs = model[0].shape[1], model[5].shape[0], model[7].shape[0]
+    return (
+        np.empty((2, 3, 3, 3)),
+        np.empty((13, 3, 3)),
+        np.empty((2, 3)),
+        np.empty((2, 3, n_points, 3)),
+        np.empty((3, n_contacts, 3)),
+        np.empty((n_contacts, 6)),
+        np.empty((5, n_contacts)),
+        np.empty(n_contacts, dtype=np.bool_),
+        np.empty((2, n_pairs, 6)),
+        np.empty((n_pairs, 3)),
+        np.empty((2, n_pairs)),
+        np.empty((3, 3)),
+    )
+
+
 @numba.njit(parallel=True, cache=True)
 def step_kernel(
-    pos: np.ndarray,
-    quat: np.ndarray,
-    vel: np.ndarray,
-    omega: np.ndarray,
-    rest_length: np.ndarray,
-    motor_omega: np.ndarray,
+    state: tuple,
     control: np.ndarray,
     params: np.ndarray,
-    local: np.ndarray,
-    mass: np.ndarray,
-    inertia: np.ndarray,
-    cable_a: np.ndarray,
-    cable_b: np.ndarray,
-    contact_point: np.ndarray,
-    contact_radius: np.ndarray,
-    pair_rods: np.ndarray,
-    pair_z: np.ndarray,
-    pair_reach: np.ndarray,
-    scalars: np.ndarray,
+    model: tuple,
     contact_iterations: int,
     sweeps: int,
-    out_pos: np.ndarray,
-    out_quat: np.ndarray,
-    out_vel: np.ndarray,
-    out_omega: np.ndarray,
-    out_rest: np.ndarray,
-    out_motor: np.ndarray,
+    steps: int,
+    spare: tuple,
+    out: tuple,
 ) -> None:
-    """One step of every environment, written into the ``out_*`` arrays.
+    """``steps`` steps of every environment under the same ``control``, the last written into
+    ``out``.
 
-    State: ``pos`` (B, 3, 3) m, ``quat`` (B, 3, 4), ``vel``, ``omega`` (B, 3, 3), ``rest_length``,
-    ``motor_omega`` (B, 6); ``control`` (B, 6); ``params`` (B, 10) in :data:`PARAMETER_COLUMNS`
-    order. Model: ``local`` (3, 10, 3) body points; ``mass`` (3,), ``inertia`` (3,);
-    ``cable_a``/``cable_b`` (9,) flat point indices; ``contact_point`` (12,) flat point index of
-    each ground-contact sphere and ``contact_radius`` (12,); per capsule pair ``pair_rods`` (P, 2),
-    ``pair_z`` (P, 4) both capsules' axis ends (body z) and ``pair_reach`` (P,) their radii's sum.
-    ``scalars``: dt, gravity, omega_max, winch radius, bounce speed, the rest-length limits (low,
-    high) and the rod-contact margin.
+    ``state``: ``pos`` (B, 3, 3) m, ``quat`` (B, 3, 4), ``vel``, ``omega`` (B, 3, 3),
+    ``rest_length``, ``motor_omega`` (B, 6); ``spare`` and ``out`` the same arrays (``spare`` holds
+    the steps between the first and the last; unused for one step). ``control`` (B, 6);
+    ``params`` (B, 10) in :data:`PARAMETER_COLUMNS` order. ``model``: ``local`` (3, 10, 3) body
+    points; ``mass`` (3,), ``inertia`` (3,); ``cable_a``/``cable_b`` (9,) flat point indices;
+    ``contact_point`` (12,) flat point index of each ground-contact sphere and ``contact_radius``
+    (12,); per capsule pair ``pair_rods`` (P, 2), ``pair_z`` (P, 4) both capsules' axis ends (body
+    z) and ``pair_reach`` (P,) their radii's sum; ``scalars``: dt, gravity, omega_max, winch
+    radius, bounce speed, the rest-length limits (low, high), the rod-contact margin, and the
+    body-z span (low, high) of the rods' capsules. Each environment takes its steps one after the
+    other, in the caches of the thread that runs it.
     """
-    for b in numba.prange(pos.shape[0]):
-        _step_env(
-            b, pos, quat, vel, omega, rest_length, motor_omega, control, params, local, mass, inertia,
-            cable_a, cable_b, contact_point, contact_radius, pair_rods, pair_z, pair_reach, scalars,
-            contact_iterations, sweeps, out_pos, out_quat, out_vel, out_omega, out_rest, out_motor,
-        )  # fmt: skip
+    batch = state[0].shape[0]
+    chunks = min(batch, _CHUNKS)
+    for chunk in numba.prange(chunks):
+        work = _work(model)
+        for b in range(chunk * batch // chunks, (chunk + 1) * batch // chunks):
+            _steps_env(b, state, control, params, model, contact_iterations, sweeps, steps, work, spare, out)
 
 
 @numba.njit(cache=True)
 def step_kernel_serial(
-    pos: np.ndarray,
-    quat: np.ndarray,
-    vel: np.ndarray,
-    omega: np.ndarray,
-    rest_length: np.ndarray,
-    motor_omega: np.ndarray,
+    state: tuple,
     control: np.ndarray,
     params: np.ndarray,
-    local: np.ndarray,
-    mass: np.ndarray,
-    inertia: np.ndarray,
-    cable_a: np.ndarray,
-    cable_b: np.ndarray,
-    contact_point: np.ndarray,
-    contact_radius: np.ndarray,
-    pair_rods: np.ndarray,
-    pair_z: np.ndarray,
-    pair_reach: np.ndarray,
-    scalars: np.ndarray,
+    model: tuple,
     contact_iterations: int,
     sweeps: int,
-    out_pos: np.ndarray,
-    out_quat: np.ndarray,
-    out_vel: np.ndarray,
-    out_omega: np.ndarray,
-    out_rest: np.ndarray,
-    out_motor: np.ndarray,
+    steps: int,
+    spare: tuple,
+    out: tuple,
 ) -> None:
     """:func:`step_kernel` on the calling thread alone: for one thread, where the parallel loop's
     team would still wait at its barrier for threads other processes hold the cores of."""
-    for b in range(pos.shape[0]):
-        _step_env(
-            b, pos, quat, vel, omega, rest_length, motor_omega, control, params, local, mass, inertia,
-            cable_a, cable_b, contact_point, contact_radius, pair_rods, pair_z, pair_reach, scalars,
-            contact_iterations, sweeps, out_pos, out_quat, out_vel, out_omega, out_rest, out_motor,
-        )  # fmt: skip
+    work = _work(model)
+    for b in range(state[0].shape[0]):
+        _steps_env(b, state, control, params, model, contact_iterations, sweeps, steps, work, spare, out)
 
 
-@numba.njit(cache=True)
-def _step_env(
+@numba.njit(cache=True, _nrt=False)
+def _steps_env(
     b: int,
-    pos: np.ndarray,
-    quat: np.ndarray,
-    vel: np.ndarray,
-    omega: np.ndarray,
-    rest_length: np.ndarray,
-    motor_omega: np.ndarray,
+    state: tuple,
     control: np.ndarray,
     params: np.ndarray,
-    local: np.ndarray,
-    mass: np.ndarray,
-    inertia: np.ndarray,
-    cable_a: np.ndarray,
-    cable_b: np.ndarray,
-    contact_point: np.ndarray,
-    contact_radius: np.ndarray,
-    pair_rods: np.ndarray,
-    pair_z: np.ndarray,
-    pair_reach: np.ndarray,
-    scalars: np.ndarray,
+    model: tuple,
     contact_iterations: int,
     sweeps: int,
-    out_pos: np.ndarray,
-    out_quat: np.ndarray,
-    out_vel: np.ndarray,
-    out_omega: np.ndarray,
-    out_rest: np.ndarray,
-    out_motor: np.ndarray,
+    steps: int,
+    work: tuple,
+    spare: tuple,
+    out: tuple,
 ) -> None:
-    """One step of environment ``b`` (:func:`step_kernel`)."""
+    """``steps`` steps of environment ``b`` (:func:`step_kernel`), between ``spare`` and ``out`` so
+    that the last lands in ``out``."""
+    for k in range(steps):
+        last_to_out = (steps - k) % 2 == 1
+        if k == 0:
+            target = out if last_to_out else spare
+            _step_env(b, state, control, params, model, contact_iterations, sweeps, work, target)
+        elif last_to_out:
+            _step_env(b, spare, control, params, model, contact_iterations, sweeps, work, out)
+        else:
+            _step_env(b, out, control, params, model, contact_iterations, sweeps, work, spare)
+
+
+@numba.njit(cache=True, _nrt=False)
+def _step_env(
+    b: int,
+    state: tuple,
+    control: np.ndarray,
+    params: np.ndarray,
+    model: tuple,
+    contact_iterations: int,
+    sweeps: int,
+    work: tuple,
+    out: tuple,
+) -> None:
+    """One step of environment ``b`` (:func:`step_kernel`) in the thread's ``work`` arrays
+    (:func:`_work`)."""
+    pos, quat, vel, omega, rest_length, motor_omega = state
+    out_pos, out_quat, out_vel, out_omega, out_rest, out_motor = out
+    local, mass, inertia, cable_a, cable_b, contact_point, contact_radius, pair_rods, pair_z, pair_reach, scalars = (
+        model
+    )
     dt, gravity, omega_max, winch = scalars[0], scalars[1], scalars[2], scalars[3]
     bounce, rest_low, rest_high, margin = scalars[4], scalars[5], scalars[6], scalars[7]
     n_points = local.shape[1]
     n_contacts = contact_point.shape[0]
     n_pairs = pair_rods.shape[0]
     inv_i0, inv_i1, inv_i2 = 1.0 / inertia[0], 1.0 / inertia[1], 1.0 / inertia[2]
-    rot = np.empty((3, 3, 3))
-    arms = np.empty((3, n_points, 3))
-    pvel = np.empty((3, n_points, 3))
-    force = np.zeros((3, 3))
-    torque = np.zeros((3, 3))
-    v1 = np.empty((3, 3))
-    w1 = np.empty((3, 3))
+    frames, vectors, per_rod, points, _, _, _, _, pair_points, _, pair_scalars, rod_distance = work
+    rot, new_rot, arms, pvel = frames[0], frames[1], points[0], points[1]
+    force, torque, v1, w1 = vectors[_FORCE], vectors[_TORQUE], vectors[_V1], vectors[_W1]
+    force[:] = 0.0
+    torque[:] = 0.0
     p = params[b]
     # motors: rest lengths and motor speeds
     lag = math.exp(-dt / max(p[1], 1e-6))
@@ -314,22 +413,26 @@ def _step_env(
         wy = wy + dt * (ty - gy) / inertia[1]
         wz = wz + dt * (tz - gz) / inertia[2]
         w1[r, 0], w1[r, 1], w1[r, 2] = _to_world(rot[r], wx, wy, wz)
-    v2, w2, bounce_height = _ground(
-        b, pos, rot, arms, v1, w1, p, local, mass, inertia, contact_point, contact_radius, dt, bounce,
-        contact_iterations,
+    _ground(
+        b, pos, rot, arms, p, local, mass, inertia, contact_point, contact_radius, dt, bounce, contact_iterations,
+        work,
     )  # fmt: skip
+    v2, w2, bounce_height = vectors[_V2], vectors[_W2], work[6][2]
     # contact between rods, on the velocities ground contact left
-    on = np.empty((n_pairs, 6))
-    gap = np.empty(n_pairs)
+    on, gap = pair_points[0], pair_scalars[0]
+    _rod_distances(pos[b], rot, scalars[8], scalars[9], rod_distance)
     for q in range(n_pairs):
         ri, rj = pair_rods[q, 0], pair_rods[q, 1]
+        bound = _gap_bound(pos[b], rot, ri, rj, pair_z[q], pair_reach[q], rod_distance[ri, rj])
+        if bound >= margin:
+            gap[q] = bound
+            continue
         o = _closest(pos[b], rot, ri, rj, pair_z[q, 0], pair_z[q, 1], pair_z[q, 2], pair_z[q, 3])
         for j in range(6):
             on[q, j] = o[j]
         dx, dy, dz = on[q, 0] - on[q, 3], on[q, 1] - on[q, 4], on[q, 2] - on[q, 5]
         gap[q] = math.sqrt(dx * dx + dy * dy + dz * dz) - pair_reach[q]
-    _rod_contact(b, pos, rot, v2, w2, on, gap, pair_rods, mass, inv_i0, inv_i1, inv_i2, dt, margin, sweeps)
-    new_rot = np.empty((3, 3, 3))
+    _rod_contact(b, pos, rot, v2, w2, pair_rods, mass, inv_i0, inv_i1, inv_i2, dt, margin, sweeps, work)
     # positions, orientations, position corrections
     for r in range(3):
         for j in range(3):
@@ -346,7 +449,8 @@ def _step_env(
         out_quat[b, r, 0], out_quat[b, r, 1] = nw / norm, nx / norm
         out_quat[b, r, 2], out_quat[b, r, 3] = ny / norm, nz / norm
         _rotation(out_quat[b, r], new_rot[r])
-    lift = np.zeros(3)
+    lift = per_rod[0]
+    lift[:] = 0.0
     for c in range(n_contacts):
         r, k = contact_point[c] // n_points, contact_point[c] % n_points
         _, _, az = _to_world(new_rot[r], local[r, k, 0], local[r, k, 1], local[r, k, 2])
@@ -354,17 +458,15 @@ def _step_env(
         lift[r] = max(lift[r], bounce_height[c] - height)
     for r in range(3):
         out_pos[b, r, 2] += lift[r]
-    _rod_separation(b, out_pos, new_rot, gap, pair_rods, pair_z, pair_reach, margin, sweeps)
+    _rod_separation(b, out_pos, new_rot, gap, pair_rods, pair_z, pair_reach, margin, sweeps, vectors)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _ground(
     b: int,
     pos: np.ndarray,
     rot: np.ndarray,
     arms: np.ndarray,
-    v1: np.ndarray,
-    w1: np.ndarray,
     p: np.ndarray,
     local: np.ndarray,
     mass: np.ndarray,
@@ -374,24 +476,24 @@ def _ground(
     dt: float,
     bounce: float,
     iterations: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ground contact of environment ``b`` on the free-motion velocities ``v1``, ``w1`` (3, 3):
-    :meth:`Engine._ground_contact <pipeline.physics.engine.Engine._ground_contact>`. Returns the
-    new velocities (3, 3) and each contact's time-of-impact height (12,)."""
+    work: tuple,
+) -> None:
+    """Ground contact of environment ``b`` on the free-motion velocities in the ``_V1``, ``_W1``
+    slots of ``work`` (:func:`_work`): :meth:`Engine._ground_contact
+    <pipeline.physics.engine.Engine._ground_contact>`. Writes the new velocities into the ``_V2``,
+    ``_W2`` slots and each contact's time-of-impact height into the contact scalars' row 2."""
     n_points = local.shape[1]
     n_contacts = contact_point.shape[0]
     friction, restitution = p[2], p[3]
-    lever = np.empty((n_contacts, 3))
-    body = np.empty((n_contacts, 3))
-    impulse = np.zeros((n_contacts, 3))
-    k_inv = np.empty((n_contacts, 6))
-    active = np.zeros(n_contacts, dtype=np.bool_)
-    target = np.zeros(n_contacts)
-    share = np.zeros(n_contacts)
-    height = np.zeros(n_contacts)
-    count = np.zeros(3)
-    v_n = np.empty(n_contacts)
-    gap = np.empty(n_contacts)
+    _, vectors, per_rod, _, contact_vectors, k_inv, contact_scalars, active, _, _, _, _ = work
+    v1, w1, v2, w2 = vectors[_V1], vectors[_W1], vectors[_V2], vectors[_W2]
+    lever, body, impulse = contact_vectors[0], contact_vectors[1], contact_vectors[2]
+    target, share, height, v_n, gap = contact_scalars
+    count = per_rod[1]
+    impulse[:] = 0.0
+    target[:] = 0.0
+    height[:] = 0.0
+    count[:] = 0.0
     for c in range(n_contacts):
         r, k = contact_point[c] // n_points, contact_point[c] % n_points
         radius = contact_radius[c]
@@ -450,10 +552,9 @@ def _ground(
         det = ka * ca + kb * cb + kc * cc
         k_inv[c, 0], k_inv[c, 1], k_inv[c, 2] = ca / det, cb / det, cc / det
         k_inv[c, 3], k_inv[c, 4], k_inv[c, 5] = cd / det, ce / det, cf / det
-    v2 = np.empty((3, 3))
-    w2 = np.empty((3, 3))
+    momentum, angular = vectors[_MOMENTUM], vectors[_ANGULAR]
     for it in range(iterations + 1):
-        _apply_ground(rot, v1, w1, impulse, lever, contact_point, n_points, mass, inertia, v2, w2)
+        _apply_ground(rot, v1, w1, impulse, lever, contact_point, n_points, mass, inertia, momentum, angular, v2, w2)
         if it == iterations:
             break
         for c in range(n_contacts):
@@ -469,10 +570,9 @@ def _ground(
             normal = max(impulse[c, 2] + share[c] * z, 0.0)
             scale = min(friction * normal / max(math.sqrt(tx * tx + ty * ty), 1e-15), 1.0)
             impulse[c, 0], impulse[c, 1], impulse[c, 2] = tx * scale, ty * scale, normal
-    return v2, w2, height
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _apply_ground(
     rot: np.ndarray,
     v1: np.ndarray,
@@ -483,13 +583,15 @@ def _apply_ground(
     n_points: int,
     mass: np.ndarray,
     inertia: np.ndarray,
+    momentum: np.ndarray,
+    angular: np.ndarray,
     v2: np.ndarray,
     w2: np.ndarray,
 ) -> None:
     """The velocities ``v2``, ``w2`` (3, 3): ``v1``, ``w1`` after ground impulses ``impulse`` (12, 3)
-    at ``lever``."""
-    momentum = np.zeros((3, 3))
-    angular = np.zeros((3, 3))
+    at ``lever``, their sums per rod in ``momentum`` and ``angular`` (3, 3)."""
+    momentum[:] = 0.0
+    angular[:] = 0.0
     for c in range(contact_point.shape[0]):
         r = contact_point[c] // n_points
         jx, jy, jz = impulse[c, 0], impulse[c, 1], impulse[c, 2]
@@ -509,15 +611,13 @@ def _apply_ground(
         w2[r, 0], w2[r, 1], w2[r, 2] = w1[r, 0] + x, w1[r, 1] + y, w1[r, 2] + z
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _rod_contact(
     b: int,
     pos: np.ndarray,
     rot: np.ndarray,
     vel: np.ndarray,
     omega: np.ndarray,
-    on: np.ndarray,
-    gap: np.ndarray,
     pair_rods: np.ndarray,
     mass: np.ndarray,
     inv_i0: float,
@@ -526,14 +626,14 @@ def _rod_contact(
     dt: float,
     margin: float,
     sweeps: int,
+    work: tuple,
 ) -> None:
     """Rod-contact impulses on ``vel``, ``omega`` (3, 3) in place, from the pairs' closest points
-    ``on`` (P, 6) and gaps ``gap`` (P,) at the step's start: :meth:`Engine._rod_contact
+    and gaps at the step's start (``work``'s pair arrays, :func:`_work`): :meth:`Engine._rod_contact
     <pipeline.physics.engine.Engine._rod_contact>`, every pair within ``margin``, Jacobi sweeps."""
     n_pairs = pair_rods.shape[0]
-    normal = np.empty((n_pairs, 3))
-    arm = np.empty((n_pairs, 6))
-    weight = np.empty(n_pairs)
+    _, vectors, _, _, _, _, _, _, pair_points, normal, pair_scalars, _ = work
+    on, arm, gap, weight = pair_points[0], pair_points[1], pair_scalars[0], pair_scalars[1]
     near = 0
     for q in range(n_pairs):
         if gap[q] >= margin:
@@ -558,8 +658,7 @@ def _rod_contact(
         )
     if near == 0:
         return
-    d_vel = np.empty((3, 3))
-    d_ang = np.empty((3, 3))
+    d_vel, d_ang = vectors[_D_VEL], vectors[_D_ANG]
     for _ in range(sweeps):
         d_vel[:] = 0.0
         d_ang[:] = 0.0
@@ -606,7 +705,7 @@ def _rod_contact(
             omega[r, 2] += z
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _rod_separation(
     b: int,
     pos: np.ndarray,
@@ -617,14 +716,15 @@ def _rod_separation(
     pair_reach: np.ndarray,
     margin: float,
     sweeps: int,
+    vectors: np.ndarray,
 ) -> None:
     """Moves overlapping capsules of the pairs near at the step's start (``gap`` below ``margin``)
     apart along their normal, half each, in ``pos`` (B, 3, 3) in place, the rods turned by ``rot``
-    (3, 3, 3): :meth:`Engine._rod_separation <pipeline.physics.engine.Engine._rod_separation>`."""
+    (3, 3, 3): :meth:`Engine._rod_separation <pipeline.physics.engine.Engine._rod_separation>`;
+    its sums in ``vectors``' slots (:func:`_work`)."""
     n_pairs = pair_rods.shape[0]
-    shift = np.zeros((3, 3))
-    moved = np.empty((3, 3))
-    step = np.empty((3, 3))
+    shift, moved, step = vectors[_SHIFT], vectors[_MOVED], vectors[_STEP]
+    shift[:] = 0.0
     for _ in range(sweeps):
         for r in range(3):
             for k in range(3):
@@ -657,3 +757,43 @@ def _rod_separation(
     for r in range(3):
         for k in range(3):
             pos[b, r, k] += shift[r, k]
+
+
+@numba.njit(cache=True)
+def caps_and_lengths(
+    pos: np.ndarray,
+    quat: np.ndarray,
+    local: np.ndarray,
+    cap_point: np.ndarray,
+    cable_a: np.ndarray,
+    cable_b: np.ndarray,
+    caps: np.ndarray,
+    lengths: np.ndarray,
+) -> None:
+    """The end caps' centres into ``caps`` (B, 6, 3) in metres and the cables' lengths into
+    ``lengths`` (B, 9) in metres, of rods at ``pos`` (B, 3, 3) turned by ``quat`` (B, 3, 4):
+    :meth:`Engine.caps_and_cable_lengths <pipeline.physics.engine.Engine.caps_and_cable_lengths>`.
+    ``local`` (3, K, 3) body points; ``cap_point`` (6,), ``cable_a``/``cable_b`` (9,) flat point
+    indices."""
+    n_points = local.shape[1]
+    rot = np.empty((3, 3, 3))
+    for b in range(pos.shape[0]):
+        for r in range(3):
+            _rotation(quat[b, r], rot[r])
+        for c in range(cap_point.shape[0]):
+            x, y, z = _point(pos, b, rot, local, cap_point[c], n_points)
+            caps[b, c, 0], caps[b, c, 1], caps[b, c, 2] = x, y, z
+        for c in range(cable_a.shape[0]):
+            ax, ay, az = _point(pos, b, rot, local, cable_a[c], n_points)
+            bx, by, bz = _point(pos, b, rot, local, cable_b[c], n_points)
+            lengths[b, c] = math.sqrt((bx - ax) ** 2 + (by - ay) ** 2 + (bz - az) ** 2)
+
+
+@numba.njit(cache=True, _nrt=False)
+def _point(
+    pos: np.ndarray, b: int, rot: np.ndarray, local: np.ndarray, flat: int, n_points: int
+) -> tuple[float, float, float]:
+    """The world position (m) of body point ``flat`` (flat index) of environment ``b``."""
+    r, k = flat // n_points, flat % n_points
+    x, y, z = _to_world(rot[r], local[r, k, 0], local[r, k, 1], local[r, k, 2])
+    return pos[b, r, 0] + x, pos[b, r, 1] + y, pos[b, r, 2] + z

@@ -162,8 +162,7 @@ def run_policy(
         active = params
         if per_segment:
             active = Params(**{n: v[rows, segment] for n, v in params.as_dict().items()})
-        for _ in range(substeps):
-            state = engine.step(active, state, applied)
+        state = engine.steps(active, state, applied, substeps)
         tick += 1
     trace = Trace(
         t_s=torch.tensor(times, dtype=dtype, device=device),
@@ -184,8 +183,7 @@ def run_commands(engine: Engine, params: Params, state: State, applied: torch.Te
     substeps = max(1, round(tick_s / engine.dt))
     caps = [engine.cap_positions(state)]
     for k in range(applied.shape[1]):
-        for _ in range(substeps):
-            state = engine.step(params, state, applied[:, k])
+        state = engine.steps(params, state, applied[:, k], substeps)
         caps.append(engine.cap_positions(state))
     return torch.stack(caps, 1)
 
