@@ -115,9 +115,6 @@ def write_test_pipeline(
             **SMALL_GAITS,
             **SMALL_REDEPLOY,
             **SMALL_FOLLOW,
-            # eager engine: compiling the step costs a compile per process, more than these small
-            # stages take eagerly; test_engine checks the compiled step against the eager one
-            "engine.compiled": False,
         }
     )
     path = folder / "pipeline.yaml"

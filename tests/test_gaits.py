@@ -35,7 +35,7 @@ from pipeline.published_gaits import published_gait
 @pytest.fixture(scope="module")
 def default_engine(default_configs):
     robot = default_configs.robot
-    engine = Engine(RobotModel.from_robot(robot), dt=0.005)
+    engine = Engine(RobotModel.from_robot(robot), dt=0.005, compiled=True)  # as the gaits stage runs it
     params = Params.from_robot(robot)
     return engine, params, rest_start(engine, params, robot)
 
