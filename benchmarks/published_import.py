@@ -40,7 +40,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="r2s2r-published-") as tmp:
         runs = Path(tmp) / "runs"
         source = load_all(args.config, {"runs_dir": str(runs), "campaign": "twin", "collect.record_frames": False})
-        ref, summary = run_collect(source, 1, show_progress=False)
+        ref, summary = run_collect(source, 1)
         path = Path(tmp) / "processed_data.json"
         frames = export_published(Path(ref.path) / summary["policy_id"], source.robot, path, every=args.every)
         configs = load_all(args.config, {"runs_dir": str(runs), "campaign": "published"})
@@ -49,7 +49,7 @@ def main() -> None:
         track_ref, _ = run_track(configs, 1, collect_ref)
         attach_ref, _ = run_attach(configs, 1, track_ref, collect_ref)
         data = sysid_data(configs, collect_ref, track_ref, attach_ref)
-        _, figures, result = run_sysid(configs, 1, data, show_progress=False)
+        _, figures, result = run_sysid(configs, 1, data)
         wall_s = time.perf_counter() - started
     truth = truth_errors(configs, result.values)
     out = {

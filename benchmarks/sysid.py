@@ -18,6 +18,9 @@ the robust KFL, then gait-wise multiple shooting of the three; ``configs/pipelin
 
 Anchor, same twin data: MuJoCo's own ``mujoco.sysid`` (``benchmarks.sysid_mujoco``).
 Prints one JSON object (last line). ``--quick``: short trajectories, few steps;
+``--coverage N``: also identify on N twin recordings (seeds 1..N) and count, per parameter, on how
+many the sysid report's interval (the profile range, :mod:`pipeline.sysid.report`) holds the
+twin's truth, with the intervals' median half-width (% of the value);
 ``--gait-shooting STEPS``: the steps per round of gait-wise multiple shooting after the search
 (``pipeline.sysid.shooting``; 0: off).
 """
@@ -114,6 +117,32 @@ def run(
     return out
 
 
+def coverage(
+    configs: LoadedConfigs, robot: RobotConfig, config: SysidConfig, seeds: int, n_targets: int, compiled: bool
+) -> dict[str, object]:
+    """Identify on ``seeds`` twin recordings (seeds 1..N, ``n_targets`` random targets each) and
+    count, per identified parameter, the recordings whose profile interval holds the twin's truth;
+    with each interval's half-width (largest reach from the value, % of the value)."""
+    truth = twin_true_params(robot, configs.twin)
+    inside: dict[str, int] = collections.Counter()
+    widths: dict[str, list[float]] = collections.defaultdict(list)
+    runs = []
+    for seed in range(1, seeds + 1):
+        recording, _, _ = twin_data(configs, n_targets, seed)
+        result = run(robot, recording, config, config.data.holdout_fraction, latency=True, compiled=compiled)
+        for name, (low, high) in result["profile"].items():
+            value, true = result["identified"][name], float(getattr(truth, name)[0])
+            inside[name] += int(low <= true <= high)
+            widths[name].append(100 * max(value - low, high - value) / abs(value))
+        runs.append({"seed": seed, "identified": result["identified"], "profile": result["profile"]})
+    return {
+        "recordings": seeds,
+        "truth_inside": dict(inside),
+        "median_half_width_pct": {name: float(np.median(w)) for name, w in widths.items()},
+        "runs": runs,
+    }
+
+
 def errors(identified: dict[str, float], truth: dict[str, float]) -> dict[str, float]:
     return {f"{n}_error_pct": 100 * (identified[n] - truth[n]) / truth[n] for n in identified if truth.get(n)}
 
@@ -124,6 +153,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/pipeline/default.yaml")
     parser.add_argument("--targets", type=int, default=100, help="random targets per trajectory (~0.5 s each)")
     parser.add_argument("--no-anchor", action="store_true", help="skip the mujoco.sysid anchor")
+    parser.add_argument("--coverage", type=int, metavar="N", default=0, help="intervals' coverage on N recordings")
     parser.add_argument(
         "--gait-shooting", type=int, metavar="STEPS", help="sysid.gait_shooting.iterations (default: the config's)"
     )
@@ -173,6 +203,8 @@ def main() -> None:
     twin_result.update(errors(twin_result["identified"], twin_truth))
 
     figures: dict[str, object] = {"engine_data": engine_result, "twin_data": twin_result}
+    if args.coverage:
+        figures["coverage"] = coverage(configs, twin_robot, config, args.coverage, n_targets, compiled)
     if not args.no_anchor:
         anchor = mujoco_sysid_anchor(
             robot,

@@ -52,7 +52,7 @@ def _record(configs, root: Path, cycles: int) -> Path:
             "collect": configs.pipeline.collect.model_copy(update={"policy": "cw", "gait_cycles": cycles}),
         }
     )
-    ref, _ = run_collect(configs.model_copy(update={"pipeline": pipeline}), 1, show_progress=False)
+    ref, _ = run_collect(configs.model_copy(update={"pipeline": pipeline}), 1)
     return next(Path(ref.path).glob(f"*/{HARDWARE_FILE}")).parent
 
 

@@ -24,7 +24,9 @@ from rich.table import Table
 
 from pipeline.config import LoadedConfigs, load_all
 from pipeline.errors import ConfigError, DataError, R2S2RError
+from pipeline.progress import PROGRESS_ENV
 from storage.layout import RunLayout
+from storage.live import DEFAULT_LIVE_ADDRESS
 
 app = typer.Typer(
     help="R2S2R: Real2Sim2Real pipeline for cable-driven tensegrity robots.", no_args_is_help=True, add_completion=False
@@ -37,8 +39,40 @@ SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a c
 ImportCampaignOption = Annotated[
     str | None, typer.Option("--campaign", help="Campaign to import into (default: the config's).")
 ]
+LiveOption = Annotated[
+    bool,
+    typer.Option("--live", help="Serve each run live on Foxglove's WebSocket while the robot runs (docs/foxglove.md)."),
+]
+LiveAddressOption = Annotated[
+    str, typer.Option("--live-address", help="HOST:PORT of the live server (another host than 127.0.0.1 opens it).")
+]
 DEFAULT_CONFIG = Path("configs/pipeline/default.yaml")
 P = ParamSpec("P")
+
+
+@app.callback()
+def show_progress(
+    progress: Annotated[
+        bool | None,
+        typer.Option(
+            "--progress/--no-progress",
+            help="Progress rows of the long stages on stderr where it is not a terminal too (--no-progress: never; "
+            "default: on a terminal). Each stage's closing line is printed either way.",
+        ),
+    ] = None,
+) -> None:
+    """Set :data:`~pipeline.progress.PROGRESS_ENV` for the command (and the task runners' workers it starts)."""
+    if progress is not None:
+        os.environ[PROGRESS_ENV] = "1" if progress else "0"
+
+
+def _serve_live(live: bool, address: str) -> None:
+    """With ``live``, have every recording this command makes served at ``address`` (:mod:`storage.live`)."""
+    if live:
+        from storage.live import LIVE_ENV, parse_address
+
+        parse_address(address)
+        os.environ[LIVE_ENV] = address
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, object]:
@@ -120,15 +154,29 @@ def _run_iteration(
 
 @app.command()
 @user_errors
-def collect(config: ConfigOption = DEFAULT_CONFIG, iteration: IterationOption = 1, set_: SetOption = None) -> None:
+def collect(
+    config: ConfigOption = DEFAULT_CONFIG,
+    iteration: IterationOption = 1,
+    set_: SetOption = None,
+    live: LiveOption = False,
+    live_address: LiveAddressOption = DEFAULT_LIVE_ADDRESS,
+) -> None:
     """Run the collect stage: execute the configured policy on the hardware and record it."""
+    _serve_live(live, live_address)
     _run_iteration(config, iteration, parse_overrides(set_), ["collect"])
 
 
 @app.command()
 @user_errors
-def iterate(config: ConfigOption = DEFAULT_CONFIG, iteration: IterationOption = 1, set_: SetOption = None) -> None:
+def iterate(
+    config: ConfigOption = DEFAULT_CONFIG,
+    iteration: IterationOption = 1,
+    set_: SetOption = None,
+    live: LiveOption = False,
+    live_address: LiveAddressOption = DEFAULT_LIVE_ADDRESS,
+) -> None:
     """Run one R2S2R iteration (every stage implemented so far), reusing cached stages."""
+    _serve_live(live, live_address)
     _run_iteration(config, iteration, parse_overrides(set_), None)
 
 
@@ -142,6 +190,8 @@ def rerun(
     recollect: Annotated[
         bool, typer.Option("--recollect", help="Let the stages that drive the hardware (collect, redeploy) run.")
     ] = False,
+    live: LiveOption = False,
+    live_address: LiveAddressOption = DEFAULT_LIVE_ADDRESS,
 ) -> None:
     """Recompute STAGE of iteration K and what depends on it, reusing cached upstream results.
 
@@ -149,6 +199,7 @@ def rerun(
     redeploy and evaluate (which need the robot to run the new gaits) are left stale.
     """
     overrides = parse_overrides(set_)
+    _serve_live(live, live_address)
     _load(config, overrides, flows=True)  # before flows.stages imports Prefect: its home is the runs folder's
     from flows.stages import hardware_stages, stage_names
 
@@ -165,9 +216,12 @@ def campaign(
     config: ConfigOption = DEFAULT_CONFIG,
     iterations: Annotated[int, typer.Option("--iterations", "-n", min=1, help="How many iterations.")] = 2,
     set_: SetOption = None,
+    live: LiveOption = False,
+    live_address: LiveAddressOption = DEFAULT_LIVE_ADDRESS,
 ) -> None:
     """Run iterations 1..N of the campaign (cached stages reused); print the headline metrics."""
     overrides = parse_overrides(set_)
+    _serve_live(live, live_address)
     configs = _load(config, overrides, flows=True)
     from flows.campaign import r2s2r_campaign
 
@@ -260,6 +314,38 @@ def status(
     for iteration, found in problems.items():
         for stage, problem in found.items():
             console.print(f"iteration {iteration} {stage}: corrupt: {problem}", markup=False, highlight=False)
+
+
+@app.command("export-mcap")
+@user_errors
+def export_mcap(
+    stage: Annotated[str, typer.Argument(help="The stage whose recordings to export: collect, redeploy or follow.")] = (
+        "collect"
+    ),
+    iteration: IterationOption = 1,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="A folder, or the .mcap file where one recording is exported (default: the exports folder).",
+        ),
+    ] = None,
+    recording: Annotated[str | None, typer.Option("--recording", help="Only this recording (its folder name).")] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+    set_: SetOption = None,
+) -> None:
+    """Export each recording of a stage of iteration K as an MCAP file for Foxglove (docs/foxglove.md)."""
+    configs = _load(config, parse_overrides(set_), create=False)
+    from storage.mcap_export import export_stage
+
+    exports = export_stage(RunLayout.of(configs), configs.robot, iteration, stage, out, recording)
+    table = Table(title=f"{configs.pipeline.campaign} iteration {iteration} {stage}: MCAP files")
+    for column in ("file", "messages", "seconds"):
+        table.add_column(column)
+    for export in exports:
+        table.add_row(str(export.path), str(sum(export.messages.values())), f"{export.end_s - export.start_s:.1f}")
+    Console().print(table)
 
 
 def _import(
@@ -364,8 +450,11 @@ def follow(
     config: ConfigOption = DEFAULT_CONFIG,
     iteration: IterationOption = 1,
     set_: SetOption = None,
+    live: LiveOption = False,
+    live_address: LiveAddressOption = DEFAULT_LIVE_ADDRESS,
 ) -> None:
     """Follow PATH on the hardware, closed loop, with iteration K's action table (docs/follow.md)."""
+    _serve_live(live, live_address)
     configs = _load(config, parse_overrides(set_))
     from tasks.follow import follow_and_log
 

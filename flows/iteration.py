@@ -30,6 +30,7 @@ from flows.runners import task_runner
 from flows.stages import Call, Stage
 from pipeline.config import LoadedConfigs, config_hash, load_all
 from pipeline.errors import DataError
+from pipeline.progress import stage_line
 from storage.layout import RunLayout, existing_ref, set_aside, stage_state
 from storage.tracking import (
     campaign_run,
@@ -88,6 +89,18 @@ def _run_stage(stage: Stage, call: Call, run_id: str) -> tuple[dict[str, str], b
     if state.name == "Cached" and not on_disk(state.result()):  # replaced by a rerun under another config
         state = stage.prefect_task(fresh=True)(**parameters, return_state=True)
     return state.result(), state.name == "Cached"
+
+
+def _close_stage(client: MlflowClient, run_id: str, stage: Stage, entry: dict[str, object]) -> None:
+    """Print the stage's closing line (:func:`~pipeline.progress.stage_line`) from its summary
+    ``entry`` and its key figures on the iteration run ``run_id``; keep it in ``entry["line"]``."""
+    if "skipped" in entry:
+        outcome = f"skipped: {entry['skipped']}"
+    elif entry.get("cached"):
+        outcome = "cached" + (" (hardware not run)" if "note" in entry else "")
+    else:
+        outcome = f"done in {entry['wall_s']:.1f} s"
+    entry["line"] = stage_line(stage.name, outcome, stage.figure_text(client.get_run(run_id).data.metrics))
 
 
 def _set_aside_corrupt(layout: RunLayout, iteration: int, stage: Stage) -> None:
@@ -171,6 +184,7 @@ def r2s2r_iteration(
             if waiting:
                 blocked.add(stage.name)
                 summary["stages"][stage.name] = {"skipped": f"its {waiting[0]} output is stale (--recollect)"}
+                _close_stage(client, run_id, stage, summary["stages"][stage.name])
                 continue
             _set_aside_corrupt(layout, iteration, stage)
             call = Call(configs, iteration, {name: ref(name) for name in inputs}, stage.name in fresh)
@@ -183,6 +197,7 @@ def r2s2r_iteration(
                     blocked.add(stage.name)
                     why = "run the new gaits" if inputs else "record under this config"
                     summary["stages"][stage.name] = {"skipped": f"needs the hardware to {why} (--recollect)"}
+                _close_stage(client, run_id, stage, summary["stages"][stage.name])
                 continue
             start, start_cpu = time.perf_counter(), time.process_time()
             refs[stage.name], cached = _run_stage(stage, call, run_id)
@@ -192,6 +207,7 @@ def r2s2r_iteration(
             if not cached:
                 times = {f"time/{stage.name}_wall_s": wall_s, f"time/{stage.name}_cpu_s": cpu_s}
                 log_metrics(client, run_id, times, step=iteration)
+            _close_stage(client, run_id, stage, entry)
         summary["headline"] = _log_headline(client, run_id, campaign_id, iteration)
     except BaseException:
         finish_run(client, run_id, ok=False)

@@ -79,6 +79,12 @@ class Stage:
     """For a hardware stage: whether running it now would drive the robot."""
     optional_inputs: Callable[[LoadedConfigs], tuple[str, ...]] = field(default=lambda configs: ())
     """Stages the config makes it read besides :attr:`inputs` (passed and keyed the same way)."""
+    figures: tuple[tuple[str, str], ...] = ()
+    """The stage's key figures for its closing line: (metric on the iteration run, format), in order."""
+
+    def figure_text(self, metrics: Mapping[str, float]) -> str:
+        """The :attr:`figures` that ``metrics`` (the iteration run's) hold, formatted, joined."""
+        return ", ".join(text.format(metrics[key]) for key, text in self.figures if key in metrics)
 
     def inputs_of(self, configs: LoadedConfigs) -> tuple[str, ...]:
         """The stages whose refs it reads under ``configs``: :attr:`inputs`, then the optional ones."""
@@ -184,8 +190,19 @@ TABLE: tuple[Stage, ...] = (
         arguments=lambda call: {"fresh": call.fresh},
         key_inputs=_collect_key_inputs,
         needs_robot=collect.needs_hardware,
+        figures=(("collect/n_frames", "{:.0f} camera frames"), ("collect/n_sensor_samples", "{:.0f} sensor samples")),
     ),
-    Stage("track", track, inputs=("collect",), version="1", sections=("track", ROBOT_FIELD)),
+    Stage(
+        "track",
+        track,
+        inputs=("collect",),
+        version="1",
+        sections=("track", ROBOT_FIELD),
+        figures=(
+            ("track/samples_per_s", "{:.0f} frames/s"),
+            ("track/error_cap_error_mean_mm", "end caps {:.1f} mm from the truth (mean)"),
+        ),
+    ),
     Stage(
         "attach",
         attach,
@@ -193,15 +210,20 @@ TABLE: tuple[Stage, ...] = (
         version="1",
         sections=("attach", ROBOT_FIELD),
         source_iteration=attach_iteration,
+        figures=(("attach/rest_cable_residual_rms_m", "rest cable lengths fit to {:.4f} m rms"),),
     ),
     Stage(
         "sysid",
         sysid,
         inputs=("collect", "track", "attach"),
-        version="7",
+        version="8",
         sections=("sysid", "collect.segment_timeout_s", "hardware_backend", "hardware_config", ROBOT_FIELD),
         arguments=lambda call: {"earlier_refs": earlier_data_refs(call.configs, call.layout, call.iteration)},
         key_inputs=_sysid_key_inputs,
+        figures=(
+            ("sysid/holdout.before.key_frame_error_mm", "held-out key-frame error {:.1f} mm before"),
+            ("sysid/holdout.after.key_frame_error_mm", "{:.1f} mm identified"),
+        ),
     ),
     Stage(
         "learn",
@@ -211,6 +233,10 @@ TABLE: tuple[Stage, ...] = (
         sections=("learn", "collect.segment_timeout_s", "redeploy.segment_timeout_s", ROBOT_FIELD),
         arguments=lambda call: {"earlier_refs": earlier_data_refs(call.configs, call.layout, call.iteration)},
         key_inputs=_sysid_key_inputs,
+        figures=(
+            ("learn/validation_loss", "validation loss {:.3g}"),
+            ("learn/holdout.learned.key_frame_error_mm", "held-out key-frame error {:.1f} mm"),
+        ),
     ),
     Stage(
         "gaits",
@@ -220,6 +246,10 @@ TABLE: tuple[Stage, ...] = (
         sections=("gaits", "redeploy.segment_timeout_s", "engine.contact", ROBOT_FIELD),
         fan_out=_gait_shards,
         optional_inputs=lambda configs: ("learn",) if configs.pipeline.engine.contact == "learned" else (),
+        figures=(
+            ("gaits/policy.straight.forward_m", "straight policy {:.3f} m forward"),
+            ("gaits/policy.turning.rotation_deg", "turning policy {:.0f} deg"),
+        ),
     ),
     Stage(
         "actions",
@@ -236,6 +266,7 @@ TABLE: tuple[Stage, ...] = (
             ROBOT_FIELD,
         ),
         optional_inputs=lambda configs: ("learn",) if configs.pipeline.engine.contact == "learned" else (),
+        figures=(("actions/actions", "{:.0f} actions"), ("actions/usable_share", "{:.0%} usable")),
     ),
     Stage(
         "redeploy",
@@ -245,13 +276,19 @@ TABLE: tuple[Stage, ...] = (
         sections=redeploy.KEY_FIELDS,
         hardware=True,
         fan_out=_redeploy_runs,
+        figures=(("redeploy/runs", "{:.0f} runs"),),
     ),
     Stage(
         "evaluate",
         evaluate,
         inputs=("attach", "sysid", "learn", "gaits", "redeploy"),
-        version="4",
+        version="5",
         sections=("redeploy", "gaits", "hardware_backend", "hardware_config", ROBOT_FIELD),
+        figures=(
+            ("evaluate/gap.before.com_error_m", "sim-to-real gap {:.3f} m before"),
+            ("evaluate/gap.after.com_error_m", "{:.3f} m identified"),
+            ("evaluate/gap.learned.com_error_m", "{:.3f} m learned"),
+        ),
     ),
 )
 """The stages of an iteration, in the order they run."""

@@ -76,14 +76,20 @@ def truth_engine(configs: LoadedConfigs, robot: RobotConfig) -> tuple[RobotConfi
     return true_robot, twin_true_params(true_robot, twin)
 
 
+def true_values(configs: LoadedConfigs) -> dict[str, float]:
+    """The twin's hidden values of the engine's parameters (SI; :func:`twin_true_params`), by name:
+    for evaluation only."""
+    return {name: float(value[0]) for name, value in twin_true_params(configs.robot, _twin(configs)).as_dict().items()}
+
+
 def truth_errors(configs: LoadedConfigs, values: dict[str, float]) -> dict[str, float]:
     """Each identified value's error against the twin's hidden truth, absolute (SI) and relative
     (%), where the engine parameter has a twin counterpart; keys ``truth_error.<name>``,
     ``truth_error_pct.<name>`` and ``truth.<name>``."""
-    truth = twin_true_params(configs.robot, _twin(configs))
+    truth = true_values(configs)
     out = {}
     for name, value in values.items():
-        true = float(getattr(truth, name)[0])
+        true = truth[name]
         out[f"truth_error.{name}"] = value - true
         if true != 0:
             out[f"truth_error_pct.{name}"] = 100.0 * (value - true) / abs(true)

@@ -82,8 +82,16 @@ RUNS_FILE = "runs.json"
 """redeploy: the run list."""
 REPEATABILITY_FILE = "repeatability.json"
 """redeploy: the robot's repeatability across starts, per policy."""
+REPORT_FILE = "report.md"
+"""sysid: the report (Markdown): per identified parameter its interval, held-out sensitivity and verdict."""
+REPORT_HTML_FILE = "report.html"
+"""sysid: the report as a standalone HTML page."""
 GAP_FILE = "gap.parquet"
 """evaluate: the sim-to-real gap per run and engine."""
+REPLAYS_FILE = "replays.parquet"
+"""evaluate: the engines' replays of the redeploy runs: per ``run`` and ``engine``, the end caps
+(``cap<i>_<x|y|z>``, m) at each control tick ``t`` (s, on the run's clock from its first tracked
+frame)."""
 SUMMARY_FILE = "summary.md"
 """evaluate: the iteration at a glance (Markdown)."""
 

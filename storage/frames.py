@@ -70,6 +70,17 @@ def frames_meta(path: Path) -> dict[str, object]:
     return meta
 
 
+def frame_count(path: Path) -> int:
+    """How many frames the frames file at ``path`` holds (its row count, from the Parquet footer)."""
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def iter_encoded_frames(path: Path) -> Iterator[tuple[float, bytes, bytes]]:
+    """Each frame's time (s) and its PNG-encoded colour and depth images as stored, not decoded."""
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=64, columns=["t", "rgb_png", "depth_png"]):
+        yield from zip(*(batch.column(i).to_pylist() for i in range(3)), strict=True)
+
+
 def iter_frames(path: str | Path, tolerant: bool = False) -> Iterator[Frame | None]:
     """Decode frames one at a time (constant memory).
 

@@ -76,6 +76,12 @@ class RunLayout:
         return self.runs_dir / ".prefect"
 
     @property
+    def exports_dir(self) -> Path:
+        """Where files exported for other tools go (``r2s2r export-mcap``): outside every iteration
+        folder, so that no stage lists them."""
+        return self.campaign_dir / "exports"
+
+    @property
     def set_aside_dir(self) -> Path:
         """Where outputs that were replaced, interrupted or found corrupt are kept: outside every
         iteration folder, so that no stage lists them (:func:`set_aside`)."""

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.config import LoadedConfigs, config_hash
 from pipeline.errors import DataError
@@ -32,6 +32,7 @@ from pipeline.hardware.base import (
     StartPose,
 )
 from pipeline.policies import Policy
+from pipeline.progress import progress
 from storage.files import atomic_write_bytes, atomic_write_json
 from storage.frames import FRAMES_SCHEMA, FRAMES_SCHEMA_VERSION, encode_frame, first_frame_png
 from storage.layout import Ref, read_manifest
@@ -48,6 +49,9 @@ from storage.trajectory import (
     imu_cols,
     make_meta,
 )
+
+if TYPE_CHECKING:
+    from storage.live import LiveScene
 
 HARDWARE_FILE = "hardware.parquet"
 GROUNDTRUTH_FILE = "groundtruth.parquet"
@@ -85,6 +89,8 @@ class Recording:
     n_frames: int = 0
     last_t_s: float = 0.0
     gaps: list[dict[str, float]] = field(default_factory=list)
+    live: LiveScene | None = None
+    """Where the packets also go as they come (``--live``, :mod:`storage.live`)."""
     _next_checkpoint: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
@@ -125,7 +131,9 @@ class Recording:
         self._early_truth: list[GroundTruthPacket] = []
 
     def add(self, packet: Packet) -> None:
-        """Route one packet to its file; checkpoint when enough robot time has passed."""
+        """Route one packet to its file (and to the live view); checkpoint when enough robot time has passed."""
+        if self.live is not None and not isinstance(packet, FramePacket):
+            self.live.add(packet)
         if isinstance(packet, SensorPacket):
             row: dict[str, object] = {"t": packet.t_s, "segment": packet.segment}
             row.update(zip(TARGET_COLS, map(float, packet.target), strict=True))
@@ -159,8 +167,11 @@ class Recording:
         elif isinstance(packet, FramePacket):
             if self._frames is None:
                 raise ValueError("frame packet received but the recording has no camera")
-            self._frames.append(encode_frame(packet.t_s, packet.rgb, packet.depth))
+            row = encode_frame(packet.t_s, packet.rgb, packet.depth)
+            self._frames.append(row)
             self.n_frames += 1
+            if self.live is not None:
+                self.live.add(packet, (row["rgb_png"], row["depth_png"]), self.camera)
         if self.last_t_s >= self._next_checkpoint:
             self.checkpoint()
             self._next_checkpoint += self.checkpoint_every_s
@@ -252,7 +263,10 @@ def open_recording(
         imu_rods=configs.robot.sensors.imu_rods,
         segment_timeout_s=segment_timeout_s,
     )
-    return Recording(folder, identity, robot.camera if c.record_frames else None, c.checkpoint_every_s)
+    from storage.live import live_scene  # the Foxglove SDK, where a recording is made
+
+    camera = robot.camera if c.record_frames else None
+    return Recording(folder, identity, camera, c.checkpoint_every_s, live=live_scene(configs.robot))
 
 
 def record_run(
@@ -261,7 +275,6 @@ def record_run(
     recording: Recording,
     record_frames: bool,
     start: StartPose | None = None,
-    show_progress: bool = True,
 ) -> None:
     """Place ``robot`` at ``start``, run ``policy`` and write it into ``recording`` (opened with a
     camera if ``record_frames``), each target held at most the recording's ``segment_timeout_s``. If the
@@ -270,21 +283,14 @@ def record_run(
     segments = 0
     try:
         robot.reset(start)
-        with Progress(
-            TextColumn("run {task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} targets"),
-            TimeElapsedColumn(),
-            disable=not show_progress,
-        ) as bar:
-            job = bar.add_task(policy.policy_id, total=len(policy))
+        with progress(f"run {recording.folder.name}", len(policy), "targets") as row:
             timeout_s = recording.identity.segment_timeout_s
             for packet in robot.execute(policy, timeout_s, record_frames=record_frames):
                 recording.add(packet)
                 if isinstance(packet, SensorPacket) and packet.segment != segments:
                     segments = packet.segment
-                    bar.update(job, completed=segments)
-            bar.update(job, completed=len(policy))
+                    row.update(completed=segments)
+            row.update(completed=len(policy))
     except BaseException as exc:
         robot.stop()
         recording.close(complete=False, reason=f"{type(exc).__name__}: {exc}")

@@ -17,9 +17,10 @@ import pandas as pd
 from pipeline.config import LoadedConfigs, RobotConfig, TrackConfig, config_hash
 from pipeline.errors import DataError
 from pipeline.perception.tracker import CapTracker
+from pipeline.progress import progress
 from pipeline.robot_model import build_cables
 from pipeline.state_estimation import estimate_trajectory
-from storage.frames import camera_from_meta, iter_frames
+from storage.frames import camera_from_meta, frame_count, iter_frames
 from storage.recording import FRAMES_FILE, GIVEN_CAPS_FILE, HARDWARE_FILE
 from storage.tables import read_meta
 from storage.trajectory import make_meta, read_trajectory, write_trajectory
@@ -61,7 +62,8 @@ def track_recording(robot: RobotConfig, config: TrackConfig, folder: Path) -> tu
     if not frames.is_file():
         raise DataError(f"{frames}: track.method 'camera' needs camera frames; use 'onboard' for a recording without")
     tracker = CapTracker(robot, camera_from_meta(frames), config, build_cables(robot, robot.attachment.phase_rad))
-    tracked, stats = tracker.track(iter_frames(frames, tolerant=True), sensors)
+    with progress(f"track {folder.name}", frame_count(frames), "frames") as row:
+        tracked, stats = tracker.track(row.over(iter_frames(frames, tolerant=True)), sensors)
     ground = stats.ground
     return tracked, {
         "method": "camera",

@@ -67,7 +67,6 @@ def run_collect(
     configs: LoadedConfigs,
     iteration: int,
     robot: Robot | None = None,
-    show_progress: bool = True,
     fresh: bool = False,
 ) -> tuple[Ref, dict[str, float]]:
     """Execute the configured policy and write the stage output.
@@ -127,12 +126,12 @@ def run_collect(
         if (stage_dir / rest.policy_id).exists():  # an earlier resume that failed too: keep it beside
             set_aside(layout, stage_dir / rest.policy_id, "incomplete")
         with robot_for(configs, robot) as hardware:
-            _record_policy(configs, iteration, stage_dir, rest, hardware, show_progress)
+            _record_policy(configs, iteration, stage_dir, rest, hardware)
         summary.update(_summarise([stage_dir / policy.policy_id, stage_dir / rest.policy_id], policy))
         summary.update({"resumed_policy_id": rest.policy_id, "resumed_from_segment": stopped})
     elif iteration == 1 or configs.pipeline.collect.later_iterations == "redeploy_and_random":
         with robot_for(configs, robot) as hardware:
-            _record_policy(configs, iteration, stage_dir, policy, hardware, show_progress)
+            _record_policy(configs, iteration, stage_dir, policy, hardware)
         summary.update(_summarise([stage_dir / policy.policy_id], policy))
     summary[CONFIG_KEY] = config_sha256(configs)
     ref = write_manifest(stage_dir, STAGE, complete=True, summary=summary)
@@ -165,9 +164,7 @@ def stopped_segment(stage_dir: Path, policy: Policy) -> int | None:
     return None if meta.complete or data.empty else int(data["segment"].max())
 
 
-def _record_policy(
-    configs: LoadedConfigs, iteration: int, stage_dir: Path, policy: Policy, robot: Robot, show_progress: bool
-) -> None:
+def _record_policy(configs: LoadedConfigs, iteration: int, stage_dir: Path, policy: Policy, robot: Robot) -> None:
     """Run ``policy`` on ``robot`` into ``stage_dir/<policy_id>/`` with plots. On a failure the
     stage's manifest says incomplete (with the error) and the exception propagates."""
     c = configs.pipeline.collect
@@ -176,7 +173,7 @@ def _record_policy(
     write_policy_json(folder, policy.name, policy.policy_id, policy.targets)
     recording = open_recording(configs, iteration, policy.policy_id, folder, robot, c.segment_timeout_s)
     try:
-        record_run(robot, policy, recording, c.record_frames, show_progress=show_progress)
+        record_run(robot, policy, recording, c.record_frames)
     except BaseException as exc:
         write_manifest(
             stage_dir,

@@ -29,14 +29,17 @@ from pipeline.metrics import motion_in_start_frame
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.rollout import settle, state_from_caps
 from pipeline.plots import replay_paths
+from pipeline.progress import progress
 from pipeline.robot_model import heading_rad, wrapped_rad
 from pipeline.truth import truth_errors
-from storage.catalog import GAP_FILE, SUMMARY_FILE, attached_robot, identified_robot, learned_engine
+from storage.catalog import GAP_FILE, REPLAYS_FILE, SUMMARY_FILE, attached_robot, identified_robot, learned_engine
 from storage.files import atomic_write_bytes
 from storage.layout import Ref, RunLayout, read_manifest, write_manifest
 from storage.redeploy_runs import Run, recorded_runs
 from storage.tables import write_table
+from storage.tracked import TRACKED_FILE
 from storage.tracking import StageContext, tracking_uri
+from storage.trajectory import CAP_COLS, read_trajectory
 
 STAGE = "evaluate"
 ENGINES = ("before", "after", "learned")
@@ -67,6 +70,22 @@ def replay_runs(
             end = int(finished[j].argmax()) if finished[j].any() else finished.shape[1] - 1
             out[i] = outcome.trace.caps_m[j, : end + 1].numpy()
     return out
+
+
+def replays_table(runs: list[Run], sims: dict[str, list[np.ndarray]], tick_s: float) -> pa.Table:
+    """The engines' replays ``sims`` (engine: per run its end caps (T, 6, 3), m) as the rows of
+    :data:`~storage.catalog.REPLAYS_FILE`, each run's times from its first tracked frame, ``tick_s`` apart."""
+    columns: dict[str, list] = {"run": [], "engine": [], "t": [], **{c: [] for c in CAP_COLS}}
+    for i, run in enumerate(runs):
+        start_s = float(read_trajectory(run.folder / TRACKED_FILE, expect_source="tracked")[0]["t"].iloc[0])
+        for engine, caps in sims.items():
+            flat = caps[i].reshape(len(caps[i]), -1)
+            columns["run"] += [run.name] * len(flat)
+            columns["engine"] += [engine] * len(flat)
+            columns["t"] += list(start_s + tick_s * np.arange(len(flat)))
+            for k, column in enumerate(CAP_COLS):
+                columns[column] += flat[:, k].tolist()
+    return pa.table(columns)
 
 
 def gap_rows(runs: list[Run], real: list[np.ndarray], sims: dict[str, list[np.ndarray]], rod_m: float) -> list[dict]:
@@ -145,9 +164,16 @@ def run_evaluate(
     }
     starts = np.stack([caps[0] for caps in real])
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
-    sims = {label: replay_runs(engine, robot, runs, starts, timeout_s) for label, (engine, robot) in engines.items()}
+    with progress("evaluate replays", len(engines), "engines", "{engine}", engine="") as row:
+        sims = {}
+        for label, (engine, robot) in engines.items():
+            row.update(engine=f"{label}: {len(runs)} runs")
+            sims[label] = replay_runs(engine, robot, runs, starts, timeout_s)
+            row.advance()
     rows = gap_rows(runs, real, sims, configs.robot.rod.length_m)
     write_table(stage_dir / GAP_FILE, pa.Table.from_pylist(rows), {"stage": STAGE})
+    tick_s = 1.0 / configs.robot.pid.control_rate_hz
+    write_table(stage_dir / REPLAYS_FILE, replays_table(runs, sims, tick_s), {"stage": STAGE})
     for i, run in enumerate(runs):
         engine_caps = {f"engine {label}": sims[label][i] for label in ENGINES}
         image = replay_paths(real[i], engine_caps, f"{run.name}: sim vs real")

@@ -55,6 +55,7 @@ from pipeline.hardware.base import (
 )
 from pipeline.plots import follow_plot
 from pipeline.policies import Policy
+from pipeline.progress import progress
 from pipeline.robot_model import REST_TARGET
 from storage.action_table import read_action_table
 from storage.catalog import ACTIONS_FILE, attach_iteration, attached_robot, read_found_gaits
@@ -113,6 +114,7 @@ class _Run:
 
     def __init__(self, configs: LoadedConfigs, iteration: int, name: str, folder: Path, hardware: Robot) -> None:
         self.hardware = hardware
+        self.name = name
         self.timeout_s = configs.pipeline.redeploy.segment_timeout_s
         self.recording = open_recording(configs, iteration, name, folder, hardware, self.timeout_s)
         self.t_offset = 0.0
@@ -230,47 +232,50 @@ def _loop(
     prior = c.planner.correction_prior
     follower = Follower(table, path, c.planner, c.end_radius_m, None if prior is None else Correction(table, prior))
     steps: list[dict] = []
-    for _ in range(c.max_actions):
-        step = follower.step(pose, face)
-        if step is None:
-            return steps, "end of path"
-        action = actions[step.action]
-        direction = follower.direction
-        targets = on_face(action, robot, face, direction == REVERSE)
-        before = pose
-        pose, new_face, _ = pose_after(
-            robot, configs.pipeline.track, camera, *run.execute(Policy(action.name, targets))
-        )
-        follower.observe(step.action, face, before, pose, new_face)
-        distance = float(distances_to_path(path, [pose])[0])
-        motions = {
-            "table": table.motion(step.action, face, direction),
-            "predicted": before.motion_to(step.predicted),
-            "observed": before.motion_to(pose),
-        }
-        steps.append(
-            {
-                "action": action.name,
-                "face": face,
-                "direction": direction,
-                "x_m": before.x_m,
-                "y_m": before.y_m,
-                "heading_rad": before.heading_rad,
-                "predicted_x_m": step.predicted.x_m,
-                "predicted_y_m": step.predicted.y_m,
-                "predicted_heading_rad": step.predicted.heading_rad,
-                "observed_x_m": pose.x_m,
-                "observed_y_m": pose.y_m,
-                "observed_heading_rad": pose.heading_rad,
-                "observed_face": new_face,
-                **{f"{k}_{m}": v for k, motion in motions.items() for m, v in zip(MOTIONS, motion, strict=True)},
-                "distance_to_path_m": distance,
+    detail = "{action}, {distance:.3f} m from the path"
+    with progress(f"follow {run.name}", c.max_actions, "actions", detail, action="-", distance=math.nan) as row:
+        for _ in range(c.max_actions):
+            step = follower.step(pose, face)
+            if step is None:
+                return steps, "end of path"
+            action = actions[step.action]
+            direction = follower.direction
+            targets = on_face(action, robot, face, direction == REVERSE)
+            before = pose
+            pose, new_face, _ = pose_after(
+                robot, configs.pipeline.track, camera, *run.execute(Policy(action.name, targets))
+            )
+            follower.observe(step.action, face, before, pose, new_face)
+            distance = float(distances_to_path(path, [pose])[0])
+            row.advance(action=action.name, distance=distance)
+            motions = {
+                "table": table.motion(step.action, face, direction),
+                "predicted": before.motion_to(step.predicted),
+                "observed": before.motion_to(pose),
             }
-        )
-        face = new_face
-        if distance > c.corridor_m:
-            return steps, f"left the {c.corridor_m} m corridor"
-    return steps, f"stopped after {c.max_actions} actions"
+            steps.append(
+                {
+                    "action": action.name,
+                    "face": face,
+                    "direction": direction,
+                    "x_m": before.x_m,
+                    "y_m": before.y_m,
+                    "heading_rad": before.heading_rad,
+                    "predicted_x_m": step.predicted.x_m,
+                    "predicted_y_m": step.predicted.y_m,
+                    "predicted_heading_rad": step.predicted.heading_rad,
+                    "observed_x_m": pose.x_m,
+                    "observed_y_m": pose.y_m,
+                    "observed_heading_rad": pose.heading_rad,
+                    "observed_face": new_face,
+                    **{f"{k}_{m}": v for k, motion in motions.items() for m, v in zip(MOTIONS, motion, strict=True)},
+                    "distance_to_path_m": distance,
+                }
+            )
+            face = new_face
+            if distance > c.corridor_m:
+                return steps, f"left the {c.corridor_m} m corridor"
+        return steps, f"stopped after {c.max_actions} actions"
 
 
 def _summary(

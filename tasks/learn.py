@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pyarrow as pa
 from prefect import task
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.config import LoadedConfigs, config_hash
 from pipeline.learned.data import Trajectory, recording_trajectory, states_along
@@ -32,6 +31,7 @@ from pipeline.learned.simulated import engine_trajectories
 from pipeline.learned.training import Epoch, TrainingResult, train
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.policies import gait_policy, random_policy
+from pipeline.progress import progress
 from pipeline.published_gaits import PUBLISHED_GAITS
 from pipeline.sysid.heldout import SysidData, mean_replay_metrics, replay_held_out
 from storage.catalog import (
@@ -128,28 +128,20 @@ def learn_data(
     return identification_data(configs, robot, collect_ref, track_ref, earlier)
 
 
-def run_learn(
-    configs: LoadedConfigs, iteration: int, data: SysidData, show_progress: bool = True
-) -> tuple[Ref, dict[str, object], TrainingResult]:
+def run_learn(configs: LoadedConfigs, iteration: int, data: SysidData) -> tuple[Ref, dict[str, object], TrainingResult]:
     """Pre-train (or reuse), fine-tune on ``data`` and write the stage output. Returns the ref, the
     summary and the fine-tuning's result."""
     learn = configs.pipeline.learn
     robot = data.robot
     tick_s = 1.0 / robot.pid.control_rate_hz
-    with Progress(
-        TextColumn("learn {task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} epochs  validation {task.fields[loss]:.3g}"),
-        TimeElapsedColumn(),
-        disable=not show_progress,
-    ) as bar:
-        job = bar.add_task("pre-training", total=sum(learn.pretrain.curriculum.epochs), loss=float("nan"))
+    epochs = sum(learn.pretrain.curriculum.epochs)
+    with progress("learn pre-training", epochs, "epochs", "validation {loss:.3g}", loss=float("nan")) as row:
 
         def advance(epoch: Epoch) -> None:
-            bar.update(job, advance=1, loss=epoch.validation_loss)
+            row.advance(loss=epoch.validation_loss)
 
         network, pretrained = pretrained_network(configs, advance)
-        bar.reset(job, total=sum(learn.fine_tune.epochs), description="fine-tuning")
+        row.update(completed=0, total=sum(learn.fine_tune.epochs), description="learn fine-tuning")
         model = RobotModel.from_robot(robot)
         params = Params.from_robot(robot)
         engine = LearnedEngine(model, network, learn.model.dt_s)

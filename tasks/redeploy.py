@@ -82,7 +82,7 @@ def execute_run(
         record = configs.pipeline.collect.record_frames
         with robot_for(configs, hardware) as robot:
             recording = open_recording(configs, iteration, run.name, run.folder, robot, timeout_s)
-            record_run(robot, run.policy, recording, record, start=start, show_progress=False)
+            record_run(robot, run.policy, recording, record, start=start)
     tracked, figures = track_recording(robot_config, configs.pipeline.track, run.folder)
     write_tracked(run.folder / TRACKED_FILE, tracked, figures, robot_config, configs, iteration, run.name)
 

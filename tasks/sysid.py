@@ -23,23 +23,27 @@ import numpy as np
 import pyarrow as pa
 import yaml
 from prefect import task
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.config import LoadedConfigs, RobotConfig, robot_with_overlay
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.mjcf_export import identified_mjcf
 from pipeline.physics.params import robot_overlay
 from pipeline.plots import replay_paths, sysid_history
+from pipeline.progress import progress
 from pipeline.sysid.heldout import SysidData, mean_replay_metrics, reduction_pct, replay_held_out
 from pipeline.sysid.identify import identify_staged, planned_steps
 from pipeline.sysid.latency import latency_robot
 from pipeline.sysid.losses import make_loss
+from pipeline.sysid.parameters import search_bounds
+from pipeline.sysid.report import SENSITIVITY_STEP, ParameterRow, report_html, report_markdown
 from pipeline.sysid.result import Identification, Step
 from pipeline.sysid.validate import Replay
-from pipeline.truth import truth_errors, truth_holdout
+from pipeline.truth import true_values, truth_errors, truth_holdout
 from storage.catalog import (
     HISTORY_FILE,
     MJCF_FILE,
+    REPORT_FILE,
+    REPORT_HTML_FILE,
     SYSID_OVERLAY_FILE,
     VALIDATION_FILE,
     attached_robot,
@@ -70,10 +74,11 @@ def sysid_data(
 
 
 def run_sysid(
-    configs: LoadedConfigs, iteration: int, data: SysidData, show_progress: bool = True
+    configs: LoadedConfigs, iteration: int, data: SysidData, truth: dict[str, float] | None = None
 ) -> tuple[Ref, dict[str, object], Identification]:
-    """Identify from ``data``, validate and write the stage output. Returns the ref, the summary
-    and the result."""
+    """Identify from ``data``, validate and write the stage output with its report
+    (:mod:`pipeline.sysid.report`; ``truth``: the twin's values by name, for the report's
+    evaluation columns). Returns the ref, the summary and the result."""
     config = configs.pipeline.sysid
     timeout_s = configs.pipeline.collect.segment_timeout_s
     robot, recordings, gaits, fit, held = data.robot, data.recordings, data.gaits, data.fit, data.held
@@ -83,15 +88,10 @@ def run_sysid(
     robot, latency = latency_robot(robot, recordings, fit, config, timeout_s, compiled)
     engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s, compiled=compiled)
     loss = make_loss(engine, robot, recordings, fit, start, config, timeout_s)
-    with Progress(
-        TextColumn(f"sysid ({config.loss.kind})"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} steps  loss {task.fields[loss]:.3g}"),
-        TimeElapsedColumn(),
-        disable=not show_progress,
-    ) as bar:
-        job = bar.add_task("sysid", total=planned_steps(config), loss=math.nan)
-        result = identify_staged(loss, start, config, progress=lambda s: bar.update(job, advance=1, loss=s.loss))
+    with progress(
+        f"sysid ({config.loss.kind})", planned_steps(config), "steps", "loss {loss:.3g}", loss=math.nan
+    ) as row:
+        result = identify_staged(loss, start, config, progress=lambda s: row.advance(loss=s.loss))
 
     before = replay_held_out(configs, data, configured, start)
     after = replay_held_out(configs, data, robot, result.params)
@@ -108,8 +108,21 @@ def run_sysid(
     write_table(stage_dir / HISTORY_FILE, history_table(result.history), {"loss": config.loss.kind, "stage": STAGE})
     validation = {name: {label: r.metrics("") for label, r in pair.items()} for name, pair in replays.items()}
     atomic_write_json(stage_dir / VALIDATION_FILE, validation)
-    _write_plots(stage_dir, result, replays)
+    plots = _write_plots(stage_dir, result, replays)
     summary = _summary(config.loss.kind, start, result, gaits, fit, held, replays)
+    rows = _report_rows(configs, data, robot, start, result, summary, truth)
+    heldout = (
+        (summary["holdout.before.key_frame_error_mm"], summary["holdout.after.key_frame_error_mm"]) if replays else None
+    )
+    title = f"{configs.pipeline.campaign} iteration {iteration}: identification"
+    text = report_markdown(title, rows, heldout, plots)
+    atomic_write_bytes(stage_dir / REPORT_FILE, text.encode())
+    atomic_write_bytes(stage_dir / REPORT_HTML_FILE, report_html(text, title).encode())
+    for row in rows:
+        if row.heldout_change_mm is not None:
+            summary[f"heldout_change_down_mm.{row.name}"], summary[f"heldout_change_up_mm.{row.name}"] = (
+                row.heldout_change_mm
+            )
     summary["latency_s"] = robot.pid.latency_s
     summary["recordings"] = len(recordings)
     if latency is not None:
@@ -141,7 +154,45 @@ def history_table(history: list[Step]) -> pa.Table:
     return pa.table(columns)
 
 
-def _write_plots(stage_dir: Path, result: Identification, replays: dict[str, dict[str, Replay]]) -> None:
+def _report_rows(
+    configs: LoadedConfigs,
+    data: SysidData,
+    robot: RobotConfig,
+    start: Params,
+    result: Identification,
+    summary: dict[str, object],
+    truth: dict[str, float] | None,
+) -> list[ParameterRow]:
+    """The report's row of each identified value: its start, search bounds, profile interval and
+    held-out sensitivity (the held-out gaits replayed with the value 10 % below and above), and
+    ``truth``'s value where given."""
+    rows = []
+    for name, value in result.values.items():
+        change = None
+        if "holdout.after.key_frame_error_mm" in summary:
+            errors = []
+            for factor in (1 - SENSITIVITY_STEP, 1 + SENSITIVITY_STEP):
+                moved = result.params.replace(**{name: getattr(result.params, name) * factor})
+                replays = replay_held_out(configs, data, robot, moved)
+                errors.append(mean_replay_metrics(replays, "")["key_frame_error_mm"])
+            after = float(summary["holdout.after.key_frame_error_mm"])
+            change = (errors[0] - after, errors[1] - after)
+        rows.append(
+            ParameterRow(
+                name=name,
+                start=float(getattr(start, name)[0]),
+                bounds=search_bounds(name),
+                value=value,
+                interval=result.profile.get(name),
+                heldout_change_mm=change,
+                truth=None if truth is None else truth.get(name),
+            )
+        )
+    return rows
+
+
+def _write_plots(stage_dir: Path, result: Identification, replays: dict[str, dict[str, Replay]]) -> list[str]:
+    """The parameters' history and each held-out replay as plots; the replays' paths (relative to ``stage_dir``)."""
     steps = np.array([s.iteration for s in result.history])
     values = {n: np.array([s.values[n] for s in result.history]) for n in result.values}
     loss = np.array([s.loss for s in result.history])
@@ -150,6 +201,7 @@ def _write_plots(stage_dir: Path, result: Identification, replays: dict[str, dic
         engines = {f"engine {label}": r.engine_caps_m for label, r in pair.items()}
         image = replay_paths(pair["after"].data_caps_m, engines, f"held-out replay: {name}")
         atomic_write_bytes(stage_dir / "plots" / f"replay_{name}.png", image)
+    return [f"plots/replay_{name}.png" for name in replays]
 
 
 def _summary(
@@ -201,13 +253,15 @@ def sysid(
     the hidden truth and the truth's own held-out replay to MLflow; return the ref as JSON."""
     refs = (Ref.from_json(collect_ref), Ref.from_json(track_ref), Ref.from_json(attach_ref))
     data = sysid_data(configs, *refs, earlier=earlier_from_json(earlier_refs))
-    ref, summary, result = run_sysid(configs, iteration, data)
+    truth = true_values(configs) if configs.twin is not None else None  # the report's evaluation columns
+    ref, summary, result = run_sysid(configs, iteration, data, truth)
     figures = dict(summary)
     if configs.twin is not None:  # the hardware is the twin (in process or served): score against its truth
         figures.update(truth_errors(configs, result.values))
         figures.update(truth_holdout(configs, data, float(summary["holdout.before.key_frame_error_mm"])))
     stage_dir = Path(ref.path)
-    files = [stage_dir / name for name in (SYSID_OVERLAY_FILE, MJCF_FILE, HISTORY_FILE, VALIDATION_FILE)]
+    names = (SYSID_OVERLAY_FILE, MJCF_FILE, HISTORY_FILE, VALIDATION_FILE, REPORT_FILE, REPORT_HTML_FILE)
+    files = [stage_dir / name for name in names]
     params = {f"identified.{n}": f"{v:.6g}" for n, v in result.values.items()}
     with StageContext(configs, iteration, STAGE, mlflow_run_id) as context:
         context.log_series("loss", [(step.iteration, step.loss) for step in result.history])

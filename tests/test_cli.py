@@ -12,7 +12,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import yaml
+from mcap.reader import make_reader
 
 from .conftest import DEFAULT_PIPELINE, REPO, write_test_pipeline
 
@@ -31,7 +33,8 @@ def test_collect_iterate_campaign_and_status_run_a_tiny_campaign(tmp_path: Path)
     """Each command's real path, in the order a user meets them (``rerun``, ``compare``, ``ui``,
     ``deploy`` and ``import-tribar`` have tests of their own): ``collect`` records, ``iterate``
     runs the other stages on that recording, ``campaign -n 1`` finds everything cached, and
-    ``status`` says so."""
+    ``status`` says so. Each stage prints its closing line, and with ``--progress`` the long stages
+    their progress rows, on stderr (not a terminal here)."""
     from typer.testing import CliRunner
 
     from flows.cli import app
@@ -41,18 +44,40 @@ def test_collect_iterate_campaign_and_status_run_a_tiny_campaign(tmp_path: Path)
     config = str(write_test_pipeline(tmp_path, campaign="tiny", n_targets=2))
     layout = RunLayout(tmp_path / "runs", "tiny")
 
+    errors = []
+
     def run(*args: str) -> str:
-        result = CliRunner().invoke(app, [*args, "--config", config], env={"COLUMNS": "250"})
+        result = CliRunner().invoke(app, [*args, "--config", config], env={"COLUMNS": "250", "R2S2R_PROGRESS": ""})
         assert result.exit_code == 0, result.output
+        errors.append(result.stderr)
         return result.stdout
 
     run("collect")
     recorded = complete_stage_ref(layout.stage_dir(1, "collect"))
     assert recorded is not None and [p.name for p in layout.iteration_dir(1).iterdir()] == ["collect"]
-    out = run("iterate", "-k", "1")
+    assert " targets" not in errors[-1]  # stderr is not a terminal: no progress rows unless asked
+    out = run("--progress", "iterate", "-k", "1")
     rows = {line.split("│")[1].strip(): line.split("│")[3].strip() for line in out.splitlines() if "│" in line}
     assert rows == {"collect": "yes", **dict.fromkeys(stage_names()[1:], "no")}  # stage -> cached
+    closing = [line for line in errors[-1].splitlines() if line.split(":")[0] in stage_names()]
+    assert [line.split(":")[0] for line in closing] == list(stage_names())
+    assert closing[0].startswith("collect: cached; ") and "camera frames" in closing[0]
+    assert all(line.split(": ")[1].startswith("done in ") for line in closing[1:])
+    assert "held-out key-frame error" in closing[stage_names().index("sysid")]
+    for row in ("track ", "sysid (", "learn ", "gait search", "run turning-start0", "evaluate replays"):
+        assert row in errors[-1], row
     assert complete_stage_ref(layout.stage_dir(1, "collect")) == recorded
+    report = (layout.stage_dir(1, "sysid") / "report.md").read_text()  # on the twin: its truth beside each value
+    assert "| twin's truth | inside |" in report and "| friction |" in report
+    assert "<table>" in (layout.stage_dir(1, "sysid") / "report.html").read_text()
+    run("export-mcap", "redeploy", "-k", "1", "--recording", "turning-start0")  # the runs with the engines' ghosts
+    replays = pq.read_table(layout.stage_dir(1, "evaluate") / "replays.parquet").to_pandas()
+    replays = replays[replays["run"] == "turning-start0"]
+    with (layout.exports_dir / "iter_1" / "redeploy" / "turning-start0.mcap").open("rb") as handle:
+        summary = make_reader(handle).get_summary()
+    counts = {summary.channels[i].topic: n for i, n in summary.statistics.channel_message_counts.items()}
+    ghosts = {t.removeprefix("/robot/replay_"): n for t, n in counts.items() if t.startswith("/robot/replay_")}
+    assert ghosts == replays.groupby("engine").size().to_dict() and set(ghosts) == {"before", "after", "learned"}
     assert "headline/gap_after_m" in run("campaign", "-n", "1")
     out = run("status")
     states = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if "│" in line}

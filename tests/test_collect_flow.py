@@ -48,7 +48,7 @@ from .conftest import write_test_pipeline
 
 def test_run_collect_writes_the_contract(test_pipeline: Path) -> None:
     configs = load_all(test_pipeline)
-    ref, summary = run_collect(configs, iteration=1, show_progress=False)
+    ref, summary = run_collect(configs, iteration=1)
     manifest = read_manifest(ref)
     assert manifest["complete"] is True
     folder = Path(ref.path) / summary["policy_id"]
@@ -67,7 +67,7 @@ def test_run_collect_writes_the_contract(test_pipeline: Path) -> None:
         "plots/first_frame.png",
     }
 
-    again, _ = run_collect(configs, iteration=1, show_progress=False)
+    again, _ = run_collect(configs, iteration=1)
     assert again == ref  # complete data are never overwritten
     n_sensor = summary["n_sensor_samples"]
     assert not needs_hardware(configs, 1) and not needs_hardware(
@@ -77,7 +77,7 @@ def test_run_collect_writes_the_contract(test_pipeline: Path) -> None:
     # another collect config: that recording is not this config's; kept aside, recorded anew
     more = load_all(test_pipeline, {"collect.random.n_targets": configs.pipeline.collect.random.n_targets + 1})
     assert needs_hardware(more, 1)
-    other, other_summary = run_collect(more, iteration=1, show_progress=False)
+    other, other_summary = run_collect(more, iteration=1)
     assert other_summary["n_targets"] > summary["n_targets"] and other.sha256 != ref.sha256
     kept = list((RunLayout.of(configs).set_aside_dir / "iter_1").glob("collect.replaced-*"))
     assert len(kept) == 1 and len(read_trajectory(kept[0] / summary["policy_id"] / HARDWARE_FILE)[0]) == n_sensor
@@ -88,7 +88,7 @@ def test_disconnect_keeps_partial_recording(tmp_path: Path) -> None:
     configs = load_all(write_test_pipeline(tmp_path, checkpoint_every_s=0.5))
     robot = MujocoTwin(configs.robot, configs.twin, fail_after_s=1.3)
     with pytest.raises(HardwareError, match="connection lost"):
-        run_collect(configs, iteration=1, robot=robot, show_progress=False)
+        run_collect(configs, iteration=1, robot=robot)
     stage = RunLayout(configs.pipeline.runs_dir, "test").stage_dir(1, "collect")
     manifest = json.loads((stage / "manifest.json").read_text())
     assert manifest["complete"] is False and "connection lost" in manifest["summary"]["error"]
@@ -101,7 +101,7 @@ def test_disconnect_keeps_partial_recording(tmp_path: Path) -> None:
     # The rerun resumes: the partial recording stays as it is, the rest of the policy is recorded
     # from the segment the fault cut short.
     stopped = int(hardware["segment"].max())
-    ref, summary = run_collect(configs, iteration=1, show_progress=False)
+    ref, summary = run_collect(configs, iteration=1)
     assert read_manifest(ref)["complete"] is True
     assert summary["policy_id"] == folder.name and summary["resumed_from_segment"] == stopped
     assert not RunLayout.of(configs).set_aside_dir.exists()
@@ -164,11 +164,11 @@ def test_a_later_collect_follows_the_redeploy_runs_it_copies(tmp_path: Path, twi
     copy_only = load_all(config, {"collect.later_iterations": "redeploy"})
     assert needs_hardware(configs, 1) and needs_hardware(configs, 2) and not needs_hardware(copy_only, 2)
     monkeypatch.setattr(MujocoTwin, "execute", counting_execute)
-    first, summary = run_collect(configs, iteration=2, robot=twin, show_progress=False)
+    first, summary = run_collect(configs, iteration=2, robot=twin)
     assert not needs_hardware(configs, 2)
     assert executions == [1] and summary[SOURCE_KEY] == complete_stage_ref(redeploy_dir).sha256
     random_policy_id = summary["policy_id"]
-    assert run_collect(configs, iteration=2, robot=twin, show_progress=False)[0] == first
+    assert run_collect(configs, iteration=2, robot=twin)[0] == first
     monkeypatch.setattr(MujocoTwin, "execute", original)
     shutil.rmtree(redeploy_dir)
     redeploy_run(seed=2)
@@ -178,7 +178,7 @@ def test_a_later_collect_follows_the_redeploy_runs_it_copies(tmp_path: Path, twi
     assert needs_hardware(configs, 2)  # stale and nothing to carry over: the robot records it again
     shutil.move(tmp_path / policy_id, Path(first.path) / policy_id)
     monkeypatch.setattr(MujocoTwin, "execute", counting_execute)
-    second, summary = run_collect(configs, iteration=2, robot=twin, show_progress=False)
+    second, summary = run_collect(configs, iteration=2, robot=twin)
     assert executions == [1] and second.sha256 != first.sha256
     assert summary[SOURCE_KEY] == complete_stage_ref(redeploy_dir).sha256
     assert summary["policy_id"] == random_policy_id  # the random recording kept

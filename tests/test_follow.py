@@ -370,6 +370,11 @@ def test_a_short_line_closed_loop_on_the_twin_with_the_pose_from_tracking(tmp_pa
     last = steps.iloc[-1]
     gap = math.hypot(last["observed_x_m"] - truth[0], last["observed_y_m"] - truth[1])
     assert 0 < gap < 0.02
+    from storage.mcap_export import export_stage
+
+    (export,) = export_stage(RunLayout.of(configs), configs.robot, 1, "follow")  # the run for Foxglove
+    tracked = read_trajectory(folder / "tracked.parquet")[0]
+    assert export.path.name == f"{folder.name}.mcap" and export.messages["/robot/tracked"] == len(tracked)
 
 
 def test_the_table_is_simulated_in_the_learned_engine_only_when_configured(tmp_path) -> None:

@@ -205,7 +205,7 @@ def collected(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder with a pipeline config and a complete twin collection (two targets) to copy."""
     root = tmp_path_factory.mktemp("collected")
     configs = load_all(write_test_pipeline(root, campaign="fuzz", n_targets=2))
-    run_collect(configs, 1, show_progress=False)
+    run_collect(configs, 1)
     return root
 
 

@@ -118,7 +118,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFr
     """A small test pipeline and its collect recorded by the in-process twin: (pipeline, hardware, truth)."""
     folder = tmp_path_factory.mktemp("reference")
     pipeline = write_test_pipeline(folder, n_targets=2, record_frames=False)
-    ref, summary = run_collect(load_all(pipeline), 1, show_progress=False)
+    ref, summary = run_collect(load_all(pipeline), 1)
     recording = Path(ref.path) / summary["policy_id"]
     hardware, _ = read_trajectory(recording / HARDWARE_FILE, expect_source="hardware")
     truth, _ = read_trajectory(recording / GROUNDTRUTH_FILE, expect_source="groundtruth")
@@ -272,7 +272,7 @@ def test_collect_over_the_network_equals_the_in_process_twin(
     ours = _copy_pipeline(pipeline, tmp_path)
     port = _free_port_pair()
     with serve_twin(ours, port, "--speed", "0"):
-        ref, summary = run_collect(_network_configs(ours, port), 1, show_progress=False)
+        ref, summary = run_collect(_network_configs(ours, port), 1)
     folder = Path(ref.path) / summary["policy_id"]
     got, meta = read_trajectory(folder / HARDWARE_FILE, expect_source="hardware")
     got_truth, _ = read_trajectory(folder / GROUNDTRUTH_FILE, expect_source="groundtruth")
@@ -299,7 +299,7 @@ def test_collect_survives_a_bad_link(
     ours = _copy_pipeline(pipeline, tmp_path)
     port = _free_port_pair()
     with serve_twin(ours, port, "--speed", "1", *WIRE_FAULTS[fault]):
-        ref, summary = run_collect(_network_configs(ours, port), 1, show_progress=False)
+        ref, summary = run_collect(_network_configs(ours, port), 1)
     assert read_manifest(ref)["complete"]
     got, meta = read_trajectory(Path(ref.path) / summary["policy_id"] / HARDWARE_FILE, expect_source="hardware")
     assert meta.complete
@@ -327,7 +327,7 @@ def test_a_killed_robot_keeps_what_came_and_the_next_run_resumes(tmp_path: Path)
         robot = NetworkRobot(configs.robot, configs.pipeline.network)
         threading.Timer(2.0, process.kill).start()
         with pytest.raises(HardwareError, match="no telemetry for 2 s .* are kept"):
-            run_collect(configs, 1, robot=robot, show_progress=False)
+            run_collect(configs, 1, robot=robot)
         robot.close()
     assert complete_stage_ref(stage_dir) is None
     (folder,) = [p for p in stage_dir.iterdir() if p.is_dir() and p.name != "plots"]
@@ -335,7 +335,7 @@ def test_a_killed_robot_keeps_what_came_and_the_next_run_resumes(tmp_path: Path)
     assert not meta.complete and "no telemetry" in meta.model_extra["incomplete_reason"]
     assert 1.0 <= partial["t"].max() <= 3.0
     with serve_twin(ours, port, "--speed", "0"):
-        ref, summary = run_collect(configs, 1, show_progress=False)
+        ref, summary = run_collect(configs, 1)
     assert read_manifest(ref)["complete"] and summary["resumed_from_segment"] == int(partial["segment"].max())
     assert summary["targets_reached"] == summary["n_targets"]
 

@@ -39,7 +39,7 @@ def frames(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """A twin collect of 6 random targets in the published format, every other tick (25 Hz, as tracked)."""
     folder = tmp_path_factory.mktemp("published")
     configs = load_all(write_test_pipeline(folder, n_targets=6, record_frames=False))
-    ref, summary = run_collect(configs, 1, show_progress=False)
+    ref, summary = run_collect(configs, 1)
     path = folder / "processed_data.json"
     export_published(Path(ref.path) / summary["policy_id"], configs.robot, path, every=2, start_time_s=START_S)
     return json.loads(path.read_text())
@@ -86,7 +86,7 @@ def test_a_published_trajectory_imports_tracks_and_attaches(frames: list[dict], 
 def test_sysid_identifies_from_a_published_trajectory(frames: list[dict], tmp_path: Path) -> None:
     configs, _, collect_ref, _, track_ref, attach_ref = _imported(frames, tmp_path)
     data = sysid_data(configs, collect_ref, track_ref, attach_ref)
-    sysid_ref, figures, _ = run_sysid(configs, 1, data, show_progress=False)
+    sysid_ref, figures, _ = run_sysid(configs, 1, data)
     assert read_manifest(sysid_ref)["complete"]
     assert np.isfinite(figures["holdout.after.key_frame_error_mm"])
     assert np.isfinite([figures[k] for k in figures if k.startswith("value.")]).all()

@@ -35,7 +35,7 @@ def _collect(configs: LoadedConfigs, root: Path, campaign: str, policy: str, cyc
             "collect": configs.pipeline.collect.model_copy(update={"policy": policy, "gait_cycles": cycles}),
         }
     )
-    ref, _ = run_collect(configs.model_copy(update={"pipeline": pipeline}), 1, show_progress=False)
+    ref, _ = run_collect(configs.model_copy(update={"pipeline": pipeline}), 1)
     return next(Path(ref.path).glob(f"*/{HARDWARE_FILE}")).parent
 
 

@@ -36,7 +36,7 @@ class Recording:
     def __init__(self, root: Path) -> None:
         self.config_path = write_test_pipeline(root, campaign="twin", n_targets=2)
         self.configs: LoadedConfigs = load_all(self.config_path)
-        ref, summary = run_collect(self.configs, iteration=1, show_progress=False)
+        ref, summary = run_collect(self.configs, iteration=1)
         self.folder = Path(ref.path) / summary["policy_id"]
         self.tribar = root / "Tribar run #1"
         self.n_frames = export_tribar(self.folder, self.tribar, start_time_s=START_S)
@@ -237,7 +237,7 @@ def test_run_import_writes_a_collect_stage_and_never_overwrites(rec: Recording, 
 
     with pytest.raises(DataError, match="already holds a complete collection"):
         run_import(configs, 2, rec.tribar)
-    again, _ = run_collect(configs, 2, show_progress=False)  # the collect stage takes it as its own output
+    again, _ = run_collect(configs, 2)  # the collect stage takes it as its own output
     assert again == ref
 
 

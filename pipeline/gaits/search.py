@@ -62,6 +62,7 @@ from pipeline.gaits.outcome import Outcome, simulate_targets
 from pipeline.physics.engine import Engine, State
 from pipeline.physics.params import Params
 from pipeline.policies import feasible_target
+from pipeline.progress import ProgressRow, progress
 from pipeline.robot_model import N_ACTUATED, heading_rad, wrapped_rad
 
 OBJECTIVES = ("forward", "backward", "ccw", "cw")
@@ -226,6 +227,7 @@ class GaitSearch:
         if not 0 <= shard < shards:
             raise ValueError(f"shard must be in [0, {shards}), got {shard}")
         self.engine, self.params, self.robot, self.start, self.config = engine, params, robot, start, config
+        self.name = "gait search" + (f" {shard + 1}/{shards}" if shards > 1 else "")
         self.shapes = search_shapes(robot)
         self.first_shapes = np.arange(1, len(self.shapes))[shard::shards]
         heading = float(heading_rad(engine.cap_positions(start).numpy()[0]))
@@ -294,6 +296,12 @@ class GaitSearch:
         return np.array(sorted(keep), dtype=int)
 
     def run(self) -> SearchResult:
+        """The search, its levels and its validation shown as a progress row (:mod:`pipeline.progress`)."""
+        detail = "{nodes} nodes simulated, {judged} candidates judged"
+        with progress(self.name, self.config.depth, "levels", detail, nodes=0, judged=0) as row:
+            return self._run(row)
+
+    def _run(self, row: ProgressRow) -> SearchResult:
         began = time.perf_counter()
         stats = SearchStats(shapes=len(self.shapes))
         n_shapes = len(self.shapes)
@@ -314,6 +322,7 @@ class GaitSearch:
                     frontier, children = self._subset(frontier, keep), children[keep]
             frontier, reached, collapsed = self._edges(frontier, children, settle_s=0.0)
             stats.simulated.append(len(reached))
+            row.advance(nodes=sum(stats.simulated))
             stats.unreachable.append(int((~reached).sum()))
             stats.collapsed.append(int(collapsed.sum()))
             frontier = self._subset(frontier, np.flatnonzero(reached))
@@ -325,7 +334,9 @@ class GaitSearch:
         if len(frontier.paths):
             leaves.append(self._close(frontier, stats)[0])
         stats.leaves = sum(len(leaf.paths) for leaf in leaves)
+        row.update(completed=self.config.depth - 1)
         candidates = self._validate(leaves, stats)
+        row.advance(judged=stats.validated)
         stats.wall_s = time.perf_counter() - began
         return SearchResult(candidates, stats)
 

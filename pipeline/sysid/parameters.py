@@ -29,6 +29,13 @@ BOUND_MARGIN = 1e-3
 """Projection keeps each parameter this fraction of its bound range inside the bounds."""
 
 
+def search_bounds(name: str) -> tuple[float, float]:
+    """The values (SI) the search keeps parameter ``name`` within: its bounds less a margin."""
+    lo, hi = BOUNDS[name]
+    margin = BOUND_MARGIN * (hi - lo)
+    return lo + margin, hi - margin
+
+
 class ParameterSpace:
     """Coordinates ``theta`` (P,) for ``names`` around the starting parameters ``start`` (one env)."""
 
@@ -52,18 +59,13 @@ class ParameterSpace:
         for n in names:
             if n in LOG_SCALED and self.p0[n] <= 0:
                 raise ConfigError(f"sysid: '{n}' is optimised on a log scale and must start > 0, got {self.p0[n]}")
-        self._low = torch.tensor([self.theta_of(n, self._inner(n)[0]) for n in names], dtype=torch.float64)
-        self._high = torch.tensor([self.theta_of(n, self._inner(n)[1]) for n in names], dtype=torch.float64)
+        self._low = torch.tensor([self.theta_of(n, search_bounds(n)[0]) for n in names], dtype=torch.float64)
+        self._high = torch.tensor([self.theta_of(n, search_bounds(n)[1]) for n in names], dtype=torch.float64)
 
     @classmethod
     def configured(cls, names: tuple[str, ...], start: Params, config: SysidConfig) -> ParameterSpace:
         """The space of ``names`` around ``start`` with ``config``'s scales and priors."""
         return cls(names, start, dict(config.scales), dict(config.priors))
-
-    def _inner(self, name: str) -> tuple[float, float]:
-        lo, hi = BOUNDS[name]
-        margin = BOUND_MARGIN * (hi - lo)
-        return lo + margin, hi - margin
 
     def theta_of(self, name: str, value: float) -> float:
         """The coordinate of ``value`` (SI) of parameter ``name``."""
