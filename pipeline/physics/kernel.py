@@ -16,6 +16,8 @@ intermediate of every environment to memory (``docs/performance.md``). Compiled 
 Every function but the two kernels and :func:`_work` compiles without numba's runtime
 (``_nrt=False``): they allocate nothing, and without the runtime a view of an array (``rot[r]``)
 carries no reference count, whose atomic increments and decrements took half of a step's time.
+They may fuse a multiply and an add (``fastmath={"contract"}``, 4 % faster; one rounding instead of
+two): no other fast-math licence, so sums keep their order and NaN and infinity their meaning.
 
 Shapes as in :mod:`~pipeline.physics.engine`: B environments, 3 rods, 10 body points per rod, 12
 ground contacts (4 per rod), 9 cables (6 actuated), P capsule pairs. Units SI.
@@ -48,12 +50,12 @@ numba.config.THREADING_LAYER = "threadsafe"  # the stages may step engines from 
 numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _cross(ax: float, ay: float, az: float, bx: float, by: float, bz: float) -> tuple[float, float, float]:
     return ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _to_world(r: np.ndarray, x: float, y: float, z: float) -> tuple[float, float, float]:
     """R v for a rotation ``r`` (3, 3)."""
     return (
@@ -63,7 +65,7 @@ def _to_world(r: np.ndarray, x: float, y: float, z: float) -> tuple[float, float
     )
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _to_body(r: np.ndarray, x: float, y: float, z: float) -> tuple[float, float, float]:
     """R^T v."""
     return (
@@ -73,7 +75,7 @@ def _to_body(r: np.ndarray, x: float, y: float, z: float) -> tuple[float, float,
     )
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _rotation(q: np.ndarray, r: np.ndarray) -> None:
     """The rotation matrix of unit quaternion ``q`` (w, x, y, z) into ``r`` (3, 3)."""
     w, x, y, z = q[0], q[1], q[2], q[3]
@@ -88,7 +90,7 @@ def _rotation(q: np.ndarray, r: np.ndarray) -> None:
     r[2, 2] = 1 - 2 * (x * x + y * y)
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _closest(
     pos: np.ndarray, rot: np.ndarray, rod_i: int, rod_j: int, z0_i: float, z1_i: float, z0_j: float, z1_j: float
 ) -> tuple[float, float, float, float, float, float]:
@@ -127,7 +129,7 @@ _FORCE, _TORQUE, _V1, _W1, _V2, _W2, _MOMENTUM, _ANGULAR, _D_VEL, _D_ANG, _SHIFT
 """Slots of the work tuple's per-rod vectors (13, 3, 3) (:func:`_work`)."""
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _rod_distances(pos: np.ndarray, rot: np.ndarray, z0: float, z1: float, distance: np.ndarray) -> None:
     """Per pair of rods, the distance (m) of the segments from ``z0`` to ``z1`` along their body z
     that hold all their capsules' axes, into ``distance`` (3, 3): no pair of their capsules is
@@ -139,7 +141,7 @@ def _rod_distances(pos: np.ndarray, rot: np.ndarray, z0: float, z1: float, dista
             distance[ri, rj] = distance[rj, ri] = math.sqrt(dx * dx + dy * dy + dz * dz)
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _gap_bound(
     pos: np.ndarray, rot: np.ndarray, ri: int, rj: int, z: np.ndarray, reach: float, rod_distance: float
 ) -> float:
@@ -172,7 +174,7 @@ _FORCE, _TORQUE, _V1, _W1, _V2, _W2, _MOMENTUM, _ANGULAR, _D_VEL, _D_ANG, _SHIFT
 """Slots of the work tuple's per-rod vectors (13, 3, 3) (:func:`_work`)."""
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _rod_distances(pos: np.ndarray, rot: np.ndarray, z0: float, z1: float, distance: np.ndarray) -> None:
     """Per pair of rods, the distance (m) of the segments from ``z0`` to ``z1`` along their body z
     that hold all their capsules' axes, into ``distance`` (3, 3): no pair of their capsules is
@@ -184,7 +186,7 @@ def _rod_distances(pos: np.ndarray, rot: np.ndarray, z0: float, z1: float, dista
             distance[ri, rj] = distance[rj, ri] = math.sqrt(dx * dx + dy * dy + dz * dz)
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _gap_bound(
     pos: np.ndarray, rot: np.ndarray, ri: int, rj: int, z: np.ndarray, reach: float, rod_distance: float
 ) -> float:
@@ -290,7 +292,7 @@ def step_kernel_serial(
         _steps_env(b, state, control, params, model, contact_iterations, sweeps, steps, work, spare, out)
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _steps_env(
     b: int,
     state: tuple,
@@ -317,7 +319,7 @@ def _steps_env(
             _step_env(b, out, control, params, model, contact_iterations, sweeps, work, spare)
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _step_env(
     b: int,
     state: tuple,
@@ -461,7 +463,7 @@ def _step_env(
     _rod_separation(b, out_pos, new_rot, gap, pair_rods, pair_z, pair_reach, margin, sweeps, vectors)
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _ground(
     b: int,
     pos: np.ndarray,
@@ -572,7 +574,7 @@ def _ground(
             impulse[c, 0], impulse[c, 1], impulse[c, 2] = tx * scale, ty * scale, normal
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _apply_ground(
     rot: np.ndarray,
     v1: np.ndarray,
@@ -611,7 +613,7 @@ def _apply_ground(
         w2[r, 0], w2[r, 1], w2[r, 2] = w1[r, 0] + x, w1[r, 1] + y, w1[r, 2] + z
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _rod_contact(
     b: int,
     pos: np.ndarray,
@@ -705,7 +707,7 @@ def _rod_contact(
             omega[r, 2] += z
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _rod_separation(
     b: int,
     pos: np.ndarray,
@@ -789,7 +791,7 @@ def caps_and_lengths(
             lengths[b, c] = math.sqrt((bx - ax) ** 2 + (by - ay) ** 2 + (bz - az) ** 2)
 
 
-@numba.njit(cache=True, _nrt=False)
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _point(
     pos: np.ndarray, b: int, rot: np.ndarray, local: np.ndarray, flat: int, n_points: int
 ) -> tuple[float, float, float]:
