@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,6 +35,7 @@ from pipeline.progress import progress
 from storage.files import atomic_write_bytes, atomic_write_json
 from storage.frames import FRAMES_SCHEMA, FRAMES_SCHEMA_VERSION, encode_frame, first_frame_png
 from storage.layout import Ref, read_manifest
+from storage.live import LiveScene, live_scene
 from storage.tables import PartedTableWriter, recover_parts
 from storage.trajectory import (
     CABLE_COLS,
@@ -49,9 +49,6 @@ from storage.trajectory import (
     imu_cols,
     make_meta,
 )
-
-if TYPE_CHECKING:
-    from storage.live import LiveScene
 
 HARDWARE_FILE = "hardware.parquet"
 GROUNDTRUTH_FILE = "groundtruth.parquet"
@@ -263,8 +260,6 @@ def open_recording(
         imu_rods=configs.robot.sensors.imu_rods,
         segment_timeout_s=segment_timeout_s,
     )
-    from storage.live import live_scene  # the Foxglove SDK, where a recording is made
-
     camera = robot.camera if c.record_frames else None
     return Recording(folder, identity, camera, c.checkpoint_every_s, live=live_scene(configs.robot))
 

@@ -121,59 +121,6 @@ def _closest(
     return a0 + s * u0, a1 + s * u1, a2 + s * u2, b0 + t * v0, b1 + t * v1, b2 + t * v2
 
 
-_CHUNKS = 64
-"""The parallel kernel's environments in this many runs of consecutive ones, each with its work
-arrays, shared out among the threads."""
-
-_FORCE, _TORQUE, _V1, _W1, _V2, _W2, _MOMENTUM, _ANGULAR, _D_VEL, _D_ANG, _SHIFT, _MOVED, _STEP = range(13)
-"""Slots of the work tuple's per-rod vectors (13, 3, 3) (:func:`_work`)."""
-
-
-@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
-def _rod_distances(pos: np.ndarray, rot: np.ndarray, z0: float, z1: float, distance: np.ndarray) -> None:
-    """Per pair of rods, the distance (m) of the segments from ``z0`` to ``z1`` along their body z
-    that hold all their capsules' axes, into ``distance`` (3, 3): no pair of their capsules is
-    nearer than it, less the capsules' radii."""
-    for ri in range(3):
-        for rj in range(ri + 1, 3):
-            o = _closest(pos, rot, ri, rj, z0, z1, z0, z1)
-            dx, dy, dz = o[0] - o[3], o[1] - o[4], o[2] - o[5]
-            distance[ri, rj] = distance[rj, ri] = math.sqrt(dx * dx + dy * dy + dz * dz)
-
-
-@numba.njit(cache=True, _nrt=False, fastmath={"contract"})
-def _gap_bound(
-    pos: np.ndarray, rot: np.ndarray, ri: int, rj: int, z: np.ndarray, reach: float, rod_distance: float
-) -> float:
-    """A lower bound (m) of the gap of a pair of capsules (of rods ``ri`` and ``rj``, axes' ends
-    ``z`` (4,) along their body z, radii's sum ``reach``): the larger of their rods' distance
-    (:func:`_rod_distances`) and their bounding spheres' distance, less ``reach``. A pair whose
-    bound is beyond the contact margin skips its closest points, the most costly part of a step
-    where rods are apart; its gap is beyond the margin all the same."""
-    mid_i, mid_j = 0.5 * (z[0] + z[1]), 0.5 * (z[2] + z[3])
-    dx = pos[ri, 0] + mid_i * rot[ri, 0, 2] - pos[rj, 0] - mid_j * rot[rj, 0, 2]
-    dy = pos[ri, 1] + mid_i * rot[ri, 1, 2] - pos[rj, 1] - mid_j * rot[rj, 1, 2]
-    dz = pos[ri, 2] + mid_i * rot[ri, 2, 2] - pos[rj, 2] - mid_j * rot[rj, 2, 2]
-    spheres = math.sqrt(dx * dx + dy * dy + dz * dz) - 0.5 * (z[1] - z[0]) - 0.5 * (z[3] - z[2])
-    return max(spheres, rod_distance) - reach
-
-
-_CHUNKS = 64
-"""The parallel kernel's environments in this many runs of consecutive ones, each with its work
-arrays, shared out among the threads."""
-
-_FORCE, _TORQUE, _V1, _W1, _V2, _W2, _MOMENTUM, _ANGULAR, _D_VEL, _D_ANG, _SHIFT, _MOVED, _STEP = range(13)
-"""Slots of the work tuple's per-rod vectors (13, 3, 3) (:func:`_work`)."""
-
-
-_CHUNKS = 64
-"""The parallel kernel's environments in this many runs of consecutive ones, each with its work
-arrays, shared out among the threads."""
-
-_FORCE, _TORQUE, _V1, _W1, _V2, _W2, _MOMENTUM, _ANGULAR, _D_VEL, _D_ANG, _SHIFT, _MOVED, _STEP = range(13)
-"""Slots of the work tuple's per-rod vectors (13, 3, 3) (:func:`_work`)."""
-
-
 @numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _rod_distances(pos: np.ndarray, rot: np.ndarray, z0: float, z1: float, distance: np.ndarray) -> None:
     """Per pair of rods, the distance (m) of the segments from ``z0`` to ``z1`` along their body z
