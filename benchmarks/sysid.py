@@ -19,8 +19,8 @@ the robust KFL, then gait-wise multiple shooting of the three; ``configs/pipelin
 Anchor, same twin data: MuJoCo's own ``mujoco.sysid`` (``benchmarks.sysid_mujoco``).
 Prints one JSON object (last line). ``--quick``: short trajectories, few steps;
 ``--coverage N``: also identify on N twin recordings (seeds 1..N) and count, per parameter, on how
-many the sysid report's interval (the profile range, :mod:`pipeline.sysid.report`) holds the
-twin's truth, with the intervals' median half-width (% of the value);
+many the sysid report's interval (:func:`pipeline.sysid.report.intervals`) holds the twin's
+truth, with the intervals' median half-width (% of the value);
 ``--gait-shooting STEPS``: the steps per round of gait-wise multiple shooting after the search
 (``pipeline.sysid.shooting``; 0: off).
 """
@@ -48,6 +48,7 @@ from pipeline.sysid.data import Recording, split_gaits
 from pipeline.sysid.identify import identify_staged
 from pipeline.sysid.latency import latency_robot
 from pipeline.sysid.losses import make_loss
+from pipeline.sysid.report import intervals
 from pipeline.sysid.synthetic import engine_recording
 from pipeline.sysid.validate import replay, split_holdout
 from pipeline.truth import twin_true_params
@@ -106,6 +107,8 @@ def run(
         "identified": result.values,
         "latency_s": robot.pid.latency_s,
         "profile": result.profile,
+        "standard_error": result.standard_error,
+        "interval": intervals(result),
     }
     if held:
         before_engine = Engine(RobotModel.from_robot(configured), dt=config.dt_s, compiled=compiled)
@@ -121,7 +124,7 @@ def coverage(
     configs: LoadedConfigs, robot: RobotConfig, config: SysidConfig, seeds: int, n_targets: int, compiled: bool
 ) -> dict[str, object]:
     """Identify on ``seeds`` twin recordings (seeds 1..N, ``n_targets`` random targets each) and
-    count, per identified parameter, the recordings whose profile interval holds the twin's truth;
+    count, per identified parameter, the recordings whose interval holds the twin's truth;
     with each interval's half-width (largest reach from the value, % of the value)."""
     truth = twin_true_params(robot, configs.twin)
     inside: dict[str, int] = collections.Counter()
@@ -130,11 +133,11 @@ def coverage(
     for seed in range(1, seeds + 1):
         recording, _, _ = twin_data(configs, n_targets, seed)
         result = run(robot, recording, config, config.data.holdout_fraction, latency=True, compiled=compiled)
-        for name, (low, high) in result["profile"].items():
+        for name, (low, high) in result["interval"].items():
             value, true = result["identified"][name], float(getattr(truth, name)[0])
             inside[name] += int(low <= true <= high)
             widths[name].append(100 * max(value - low, high - value) / abs(value))
-        runs.append({"seed": seed, "identified": result["identified"], "profile": result["profile"]})
+        runs.append({"seed": seed, "identified": result["identified"], "interval": result["interval"]})
     return {
         "recordings": seeds,
         "truth_inside": dict(inside),

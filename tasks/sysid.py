@@ -35,7 +35,7 @@ from pipeline.sysid.identify import identify_staged, planned_steps
 from pipeline.sysid.latency import latency_robot
 from pipeline.sysid.losses import make_loss
 from pipeline.sysid.parameters import search_bounds
-from pipeline.sysid.report import SENSITIVITY_STEP, ParameterRow, report_html, report_markdown
+from pipeline.sysid.report import SENSITIVITY_STEP, ParameterRow, intervals, report_html, report_markdown
 from pipeline.sysid.result import Identification, Step
 from pipeline.sysid.validate import Replay
 from pipeline.truth import true_values, truth_errors, truth_holdout
@@ -167,6 +167,7 @@ def _report_rows(
     held-out sensitivity (the held-out gaits replayed with the value 10 % below and above), and
     ``truth``'s value where given."""
     rows = []
+    interval = intervals(result)
     for name, value in result.values.items():
         change = None
         if "holdout.after.key_frame_error_mm" in summary:
@@ -183,7 +184,7 @@ def _report_rows(
                 start=float(getattr(start, name)[0]),
                 bounds=search_bounds(name),
                 value=value,
-                interval=result.profile.get(name),
+                interval=interval.get(name),
                 heldout_change_mm=change,
                 truth=None if truth is None else truth.get(name),
             )
@@ -229,6 +230,8 @@ def _summary(
     for name, (low, high) in result.profile.items():
         summary[f"profile_low.{name}"] = low
         summary[f"profile_high.{name}"] = high
+    for name, error in result.standard_error.items():
+        summary[f"standard_error.{name}"] = error
     for label in ("before", "after"):
         summary.update(mean_replay_metrics({name: r[label] for name, r in replays.items()}, f"holdout.{label}."))
     if replays:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.sysid.report import ParameterRow, report_html, report_markdown
+from pipeline.sysid.report import ParameterRow, intervals, report_html, report_markdown
+from pipeline.sysid.result import Identification
 
 
 def _row(interval: tuple[float, float] | None, change: tuple[float, float] | None = (-3.0, 4.0), truth=None):
@@ -49,3 +50,13 @@ def test_the_report_has_a_row_per_parameter_and_the_truth_columns_only_on_the_tw
     assert "truth" not in without.splitlines()[2]
     page = report_html(text, "demo")
     assert page.count("<tr>") == 3 and '<img alt="plots/replay_a.png" src="plots/replay_a.png"' in page
+
+
+def test_intervals_are_two_standard_errors_where_shooting_gave_them_else_the_profile() -> None:
+    result = Identification(
+        values={"motor_speed": 0.8, "friction": 0.5, "restitution": 0.1},
+        params=None,
+        profile={"friction": (0.3, 0.7), "restitution": (0.0, 0.4)},
+        standard_error={"friction": 0.02},
+    )
+    assert intervals(result) == {"friction": pytest.approx((0.46, 0.54)), "restitution": (0.0, 0.4)}

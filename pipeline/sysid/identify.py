@@ -237,6 +237,7 @@ def identify_staged(
         converged=converged,
         wall_s=time.perf_counter() - began,
         profile=profile,
+        standard_error=fit.identification.standard_error if isinstance(loss_fn, KeyFrameLoss) and shot else {},
     )
 
 

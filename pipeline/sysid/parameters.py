@@ -103,6 +103,11 @@ class ParameterSpace:
                 out[n] = self.p0[n] + theta[i] * self.scales[n]
         return out
 
+    def slopes(self, theta: torch.Tensor) -> dict[str, float]:
+        """Each parameter's value change (SI) per unit of its coordinate at ``theta``."""
+        values = self.values(theta)
+        return {n: float(values[n]) * self.scales[n] if n in LOG_SCALED else self.scales[n] for n in self.names}
+
     def params(self, theta: torch.Tensor) -> Params:
         """One environment's engine parameters: the start with the identified ones replaced."""
         dtype = self.start.motor_speed.dtype

@@ -4,12 +4,15 @@ For each parameter the search identified (``sysid.search.parameters``) the repor
 (the robot config's value), the bounds the search kept to, the identified value, an **interval**
 and the **held-out sensitivity**, and a verdict:
 
-* the interval is the parameter's profile range (:func:`~pipeline.sysid.evolution.profiles_through`):
+* the interval (:func:`intervals`) is the answer plus and minus two standard errors where gait
+  shooting refined the parameter: from the curvature of its cost at the answer (Gauss-Newton,
+  the gaits' start states marginalised out, the residuals in their noise, widened by the cost
+  per residual where that is above 1; :meth:`~pipeline.sysid.shooting.GaitShooting.parameter_covariance`).
+  Otherwise it is the search's profile range (:func:`~pipeline.sysid.evolution.profiles_through`):
   the values that, the others held at the answer, score within ``sysid.search.profile_tolerance``
-  of the profile's best on the fitted key frames. It says how far the fitted data let the value
-  move, not a confidence interval of a noise model: the engine cannot express all the twin does,
-  so the data's optimum is not the truth's (``docs/sysid.md`` measures how often it holds the
-  twin's truth);
+  of the profile's best. Either says how far the fitted data let the value move; neither covers
+  what the engine cannot express of the twin, so the data's optimum is not the truth's
+  (``docs/sysid.md`` measures how often the interval holds the twin's truth);
 * the held-out sensitivity is how much the held-out gaits' mean key-frame error changes (mm) with
   the parameter 10 % below and above the answer, the others at the answer: what the value is worth
   for predicting gaits the search did not see;
@@ -28,6 +31,10 @@ from dataclasses import dataclass
 
 import markdown
 
+from pipeline.sysid.result import Identification
+
+STANDARD_ERRORS = 2.0
+"""The interval's half-width in standard errors, where there are standard errors."""
 DETERMINED_HALF_WIDTH = 0.10
 """A parameter whose interval lies within this share of its value on either side is ``determined``."""
 LOOSE_HALF_WIDTH = 0.30
@@ -36,6 +43,17 @@ SENSITIVITY_STEP = 0.10
 """The relative change of a parameter for its held-out sensitivity."""
 FLAT_MM = 0.5
 """A held-out error change under this (mm) at either step: the held-out gaits hardly depend on it."""
+
+
+def intervals(result: Identification) -> dict[str, tuple[float, float]]:
+    """Each identified parameter's interval (low, high; SI): ``STANDARD_ERRORS`` standard errors
+    either side of the value where the result has them, else its profile range (none for a
+    parameter with neither)."""
+    out = dict(result.profile)
+    for name, error in result.standard_error.items():
+        value = result.values[name]
+        out[name] = (value - STANDARD_ERRORS * error, value + STANDARD_ERRORS * error)
+    return out
 
 
 @dataclass(frozen=True)
@@ -115,10 +133,11 @@ def report_markdown(
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "The interval is the parameter's profile range: the values that, the others held at the answer, score "
-        "within the profile tolerance of its best on the fitted key frames; how far the fitted data let the value "
-        "move, not a confidence interval (`pipeline/sysid/report.py`, `docs/sysid.md`). The held-out error change "
-        "is that of the held-out gaits' mean key-frame error with the parameter 10 % below and above the answer.",
+        "The interval is the answer plus and minus two standard errors from the curvature of gait shooting's cost "
+        "at the answer (the gaits' start states marginalised out), or, for a parameter only the search fitted, its "
+        "profile range: how far the fitted data let the value move, not what the engine cannot express "
+        "(`pipeline/sysid/report.py`, `docs/sysid.md`). The held-out error change is that of the held-out gaits' "
+        "mean key-frame error with the parameter 10 % below and above the answer.",
     ]
     if heldout_mm is not None:
         lines += ["", f"Held-out key-frame error: {heldout_mm[0]:.1f} mm with the robot config's values, "

@@ -36,7 +36,9 @@ class Identification:
     """The identified values (SI), the parameters for the engine, and the step history;
     ``profile``: for each searched parameter, the range (low, high) (SI) of values on its
     loss profile that score about as well as the answer
-    (:meth:`~pipeline.sysid.evolution.Profile.widths`)."""
+    (:meth:`~pipeline.sysid.evolution.Profile.widths`); ``standard_error``: for each parameter
+    gait shooting refined, its standard error (SI) from the cost's curvature at the answer
+    (:meth:`~pipeline.sysid.shooting.GaitShooting.parameter_covariance`)."""
 
     values: dict[str, float]
     params: Params
@@ -44,6 +46,7 @@ class Identification:
     converged: bool = False
     wall_s: float = 0.0
     profile: dict[str, tuple[float, float]] = field(default_factory=dict)
+    standard_error: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def at(cls, space: ParameterSpace, theta: torch.Tensor, **rest: object) -> Identification:

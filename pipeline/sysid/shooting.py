@@ -421,6 +421,17 @@ class GaitShooting:
         dz = solved[:, 0] - solved[:, 1:] @ dtheta
         return torch.tensor(dz.reshape(self.windows, COORDINATES)), dtheta
 
+    def parameter_covariance(self, normal: scipy.sparse.csc_matrix) -> np.ndarray:
+        """The parameters' covariance (P, P; scaled coordinates) from the Gauss-Newton ``normal``
+        matrix: the inverse of its parameter block's Schur complement, the start perturbations
+        marginalised out (the residuals are in their noise, so a unit cost per residual is the
+        noise's own scatter)."""
+        last = self.windows * COORDINATES
+        matrix = normal.tocsr()
+        coupling = matrix[:last, last:].toarray()
+        solved = scipy.linalg.solveh_banded(_upper_band(matrix[:last, :last]), coupling)
+        return np.linalg.inv(matrix[last:, last:].toarray() - coupling.T @ solved)
+
     def solve(self, progress: Callable[[Step], None] | None = None) -> ShootingFit:
         """Solve from the settled starts and the space's start, then ``config.gait_shooting.restarts``
         times again from starts settled at the answer (the start perturbations fitted while the
@@ -485,6 +496,13 @@ class GaitShooting:
         identification = Identification.at(
             self.space, torch.as_tensor(theta), history=history, converged=not moved, wall_s=time.perf_counter() - began
         )
+        if history:  # the curvature where the last Jacobian was taken (the answer, unless the last step moved)
+            spread = max(float((data**2).sum()) / count, 1.0)  # a misfit beyond the noise widens it
+            variance = np.diag(self.parameter_covariance(normal)) * spread
+            slopes = self.space.slopes(torch.as_tensor(theta))
+            identification.standard_error = {
+                n: float(np.sqrt(max(v, 0.0))) * abs(slopes[n]) for n, v in zip(self.space.names, variance, strict=True)
+            }
         rms = {}
         for part, (a, b) in PARTS.items():
             rms[part] = float(joined[:, a:b].pow(2).mean().sqrt()) if len(joined) else 0.0
