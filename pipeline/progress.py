@@ -3,10 +3,11 @@
 Rows (:func:`progress`) appear where stderr is a terminal, or everywhere with ``R2S2R_PROGRESS=1``
 (the command line's ``--progress``); ``R2S2R_PROGRESS=0`` hides them. Rows opened at once (the gait
 search's shards, concurrent redeploy runs, each in its task runner's thread) share one live
-display, which ends, its rows left on the terminal, when the last of them closes. A row costs a
-lock and a few dictionary writes per update (rich redraws from its own thread, ten times a
-second), far under a stage's 1 %. The closing line (:func:`stage_line`) is printed always: it is a
-stage's summary in a log as much as on a terminal.
+display, which ends, its rows left on the terminal, when the last of them closes. An update
+costs 1.6 µs drawn and 0.14 µs hidden (rich redraws from its own thread, ten times a second);
+the most a stage makes is one per camera frame, each some 15 ms of tracking: under 0.1 %. The
+closing line (:func:`stage_line`) is printed always: it is a stage's summary in a log as much as
+on a terminal.
 """
 
 from __future__ import annotations
