@@ -97,6 +97,11 @@ def _z_to(direction: np.ndarray) -> Quaternion:
     return Quaternion(x=-y / norm, y=x / norm, z=0.0, w=w / norm)
 
 
+def _values(values: np.ndarray) -> list[float | None]:
+    """``values`` as JSON numbers, those not finite as null (JSON has no NaN)."""
+    return [float(v) if math.isfinite(v) else None for v in values]
+
+
 def _vector(p: np.ndarray) -> Vector3:
     return Vector3(x=float(p[0]), y=float(p[1]), z=float(p[2]))
 
@@ -192,13 +197,13 @@ class RobotScene:
             channel.log(image, log_time=nanoseconds(t_s))
 
     def sensors(self, packet: SensorPacket) -> None:
-        """One sensor sample on ``/sensors``."""
+        """One sensor sample on ``/sensors`` (a value not read, NaN in the recording, as null)."""
         message = {
             "t_s": packet.t_s,
             "segment": int(packet.segment),
-            "target": [float(v) for v in packet.target],
-            "control": [float(v) for v in packet.control],
-            "cable_m": [float(v) for v in packet.cable_m],
-            "motor_rad": [float(v) for v in packet.motor_rad],
+            "target": _values(packet.target),
+            "control": _values(packet.control),
+            "cable_m": _values(packet.cable_m),
+            "motor_rad": _values(packet.motor_rad),
         }
         self._sensors.log(message, log_time=nanoseconds(packet.t_s))

@@ -112,3 +112,25 @@ def test_the_foxglove_layout_shows_only_channels_the_export_writes() -> None:
             used.add(topic)
     assert used and used <= topics, used - topics
     assert {"/robot/truth", "/robot/tracked", "/camera/color", "/sensors"} <= used
+
+
+def test_a_value_the_sensors_did_not_read_is_written_as_null(default_configs, tmp_path) -> None:
+    """An imported recording may lack a sensor (NaN in its trajectory): JSON has no NaN, so the
+    sample carries null there and its other values as they are."""
+    import foxglove
+    import numpy as np
+
+    from pipeline.hardware.base import SensorPacket
+    from storage.scene import RobotScene
+
+    scene = RobotScene(default_configs.robot, ())
+    writer = foxglove.open_mcap(tmp_path / "one.mcap", context=scene.context)
+    cables = np.full(9, 0.3)
+    cables[4] = np.nan
+    scene.sensors(SensorPacket(1.5, 2, np.ones(6), np.zeros(6), cables, {}, np.full(6, np.nan)))
+    writer.close()
+    with (tmp_path / "one.mcap").open("rb") as handle:
+        (_, _, message), *_ = make_reader(handle).iter_messages(topics=["/sensors"])
+    sample = json.loads(message.data)
+    assert sample["cable_m"] == [0.3] * 4 + [None] + [0.3] * 4 and sample["motor_rad"] == [None] * 6
+    assert message.log_time == 1_500_000_000 and sample["segment"] == 2
