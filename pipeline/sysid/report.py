@@ -135,9 +135,10 @@ def report_markdown(
         "",
         "The interval is the answer plus and minus two standard errors from the curvature of gait shooting's cost "
         "at the answer (the gaits' start states marginalised out), or, for a parameter only the search fitted, its "
-        "profile range: how far the fitted data let the value move, not what the engine cannot express "
-        "(`pipeline/sysid/report.py`, `docs/sysid.md`). The held-out error change is that of the held-out gaits' "
-        "mean key-frame error with the parameter 10 % below and above the answer.",
+        "profile range: how firmly the data pin the engine's best value. It measures the data's noise, not what "
+        "the engine cannot express: on the twin it has not held the twin's values (`docs/sysid.md`, *Figures*). "
+        "The held-out error change is that of the held-out gaits' mean key-frame error with the parameter 10 % "
+        "below and above the answer.",
     ]
     if heldout_mm is not None:
         lines += ["", f"Held-out key-frame error: {heldout_mm[0]:.1f} mm with the robot config's values, "
