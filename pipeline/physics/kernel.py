@@ -46,8 +46,9 @@ PARAMETER_COLUMNS = (
 
 _EPS = 1e-12
 
-numba.config.THREADING_LAYER = "threadsafe"  # the stages may step engines from several threads at once
-numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+# OpenMP is safe where the stages step engines from several threads at once; "threadsafe" would try
+# TBB first, and warn on the older TBB that Open3D loads into the process
+numba.config.THREADING_LAYER = "omp"
 
 
 @numba.njit(cache=True, _nrt=False, fastmath={"contract"})
