@@ -97,7 +97,7 @@ def check_policy(robot: RobotConfig, policy: Policy) -> Policy:
     satisfy the triangle inequality with ``feasibility.min_triangle_slack_m`` to
     spare (Tribar paper: ``[0, 0, 1]`` on one side cannot be reached; the published fix
     lowers the 1 to 0.8). In ``repair`` mode a too-long cable is shortened to the
-    longest feasible length and the repair is logged; in ``reject`` mode, or if no
+    longest feasible length and the repairs are logged (one line per policy); in ``reject`` mode, or if no
     repair exists, :class:`PolicyError` names the target and cable.
     """
     targets = np.array(policy.targets, dtype=float)
@@ -109,17 +109,12 @@ def check_policy(robot: RobotConfig, policy: Policy) -> Policy:
         raise PolicyError(
             f"policy '{policy.name}': target {i} cable {j} = {float(targets[i, j])}; expected a number in [0, 1]"
         )
+    repaired = []
     for i, target in enumerate(targets):
         targets[i], repairs = feasible_target(robot, target, f"policy '{policy.name}': target {i}")
-        for j, before, after in repairs:
-            log.warning(
-                "policy '%s': target %d cable %d repaired %.3f -> %.3f (triangle inequality)",
-                policy.name,
-                i,
-                j,
-                before,
-                after,
-            )
+        repaired += [f"target {i} cable {j} repaired {before:.3f} -> {after:.3f}" for j, before, after in repairs]
+    if repaired:  # one line per policy: a repeated gait repairs the same cables every cycle
+        log.warning("policy '%s' (triangle inequality): %s", policy.name, "; ".join(repaired))
     return Policy(name=policy.name, targets=targets)
 
 

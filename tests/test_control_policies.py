@@ -76,6 +76,11 @@ def test_feasibility_repairs_triangle_violation(default_configs, caplog) -> None
     assert "cable 2 repaired" in caplog.text
     published_fix = Policy("cw", np.array([[0, 0, 0.8, 0, 1, 1.0]]))
     np.testing.assert_array_equal(check_policy(robot, published_fix).targets, published_fix.targets)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # a gait repeated for cycles: one line for all its repairs
+        check_policy(robot, Policy("cycles", np.array([[0, 0, 1, 0, 1, 1.0]] * 3)))
+    (record,) = caplog.records
+    assert record.getMessage().count("cable 2 repaired 1.000 -> 0.900") == 3
 
 
 def test_feasibility_reject_mode_and_bad_values(default_configs) -> None:
