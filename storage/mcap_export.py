@@ -30,7 +30,14 @@ from storage.layout import RunLayout, complete_stage_ref, existing_ref
 from storage.recording import FRAMES_FILE, GROUNDTRUTH_FILE, HARDWARE_FILE, recording_folders
 from storage.scene import RobotScene
 from storage.tracked import TRACKED_FILE
-from storage.trajectory import caps_array, read_trajectory
+from storage.trajectory import (
+    CABLE_COLS,
+    CONTROL_COLS,
+    MOTOR_COLS,
+    TARGET_COLS,
+    caps_array,
+    read_trajectory,
+)
 
 
 @dataclass(frozen=True)
@@ -41,10 +48,6 @@ class Export:
     messages: dict[str, int]
     start_s: float
     end_s: float
-
-
-def _column(frame: pd.DataFrame, prefix: str, count: int) -> np.ndarray:
-    return frame[[f"{prefix}_{i}" for i in range(count)]].to_numpy(float)
 
 
 def export_recording(
@@ -99,8 +102,9 @@ def _write(
         with progress(
             f"export {folder.name}", len(sensors) + (frame_count(frames) if frames.is_file() else 0), "messages"
         ) as row:
-            targets, controls = _column(sensors, "target", 6), _column(sensors, "control", 6)
-            cables, motors = _column(sensors, "cable", 9), _column(sensors, "motor", 6)
+            targets, controls, cables, motors = (
+                sensors[columns].to_numpy(float) for columns in (TARGET_COLS, CONTROL_COLS, CABLE_COLS, MOTOR_COLS)
+            )
             for i, (t, segment) in enumerate(
                 zip(sensors["t"].to_numpy(float), sensors["segment"].to_numpy(), strict=True)
             ):

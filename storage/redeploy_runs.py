@@ -89,9 +89,14 @@ class Run:
         ``tracking_key`` (:func:`storage.tracked.tracking_key`)."""
         return tracked_under(self.folder / TRACKED_FILE) == tracking_key and self.recorded()
 
+    def tracked(self) -> tuple[np.ndarray, np.ndarray]:
+        """The run's tracked times (T,), s, and end caps (T, 6, 3), m."""
+        frame = read_trajectory(self.folder / TRACKED_FILE, expect_source="tracked")[0]
+        return frame["t"].to_numpy(float), caps_array(frame)
+
     def tracked_caps(self) -> np.ndarray:
         """The run's tracked end caps (T, 6, 3), m."""
-        return caps_array(read_trajectory(self.folder / TRACKED_FILE, expect_source="tracked")[0])
+        return self.tracked()[1]
 
 
 def recorded_runs(redeploy_ref: Ref) -> list[Run]:

@@ -51,6 +51,7 @@ from foxglove.messages import (
 
 from pipeline.config import RobotConfig
 from pipeline.hardware.base import CameraInfo, SensorPacket
+from pipeline.robot_model import rotation_to_quat
 
 WORLD_FRAME = "world"
 CAMERA_FRAME = "camera"
@@ -163,11 +164,7 @@ class RobotScene:
     def camera(self, t_s: float, camera: CameraInfo) -> None:
         """The camera's pose (``/tf``) and intrinsics (``/camera/calibration``) at ``t_s``."""
         pose = np.asarray(camera.camera_to_world, float)
-        rotation = pose[:3, :3]
-        w = math.sqrt(max(1.0 + np.trace(rotation), 1e-12)) / 2
-        x = (rotation[2, 1] - rotation[1, 2]) / (4 * w)
-        y = (rotation[0, 2] - rotation[2, 0]) / (4 * w)
-        z = (rotation[1, 0] - rotation[0, 1]) / (4 * w)
+        w, x, y, z = (float(v) for v in rotation_to_quat(pose[:3, :3]))
         transform = FrameTransform(
             timestamp=_stamp(t_s),
             parent_frame_id=WORLD_FRAME,

@@ -37,9 +37,8 @@ from storage.files import atomic_write_bytes
 from storage.layout import Ref, RunLayout, read_manifest, write_manifest
 from storage.redeploy_runs import Run, recorded_runs
 from storage.tables import write_table
-from storage.tracked import TRACKED_FILE
 from storage.tracking import StageContext, tracking_uri
-from storage.trajectory import CAP_COLS, read_trajectory
+from storage.trajectory import CAP_COLS
 
 STAGE = "evaluate"
 ENGINES = ("before", "after", "learned")
@@ -72,17 +71,17 @@ def replay_runs(
     return out
 
 
-def replays_table(runs: list[Run], sims: dict[str, list[np.ndarray]], tick_s: float) -> pa.Table:
+def replays_table(runs: list[Run], starts_s: list[float], sims: dict[str, list[np.ndarray]], tick_s: float) -> pa.Table:
     """The engines' replays ``sims`` (engine: per run its end caps (T, 6, 3), m) as the rows of
-    :data:`~storage.catalog.REPLAYS_FILE`, each run's times from its first tracked frame, ``tick_s`` apart."""
+    :data:`~storage.catalog.REPLAYS_FILE`, each run's times from its first tracked frame's time
+    ``starts_s`` (s), ``tick_s`` apart."""
     columns: dict[str, list] = {"run": [], "engine": [], "t": [], **{c: [] for c in CAP_COLS}}
     for i, run in enumerate(runs):
-        start_s = float(read_trajectory(run.folder / TRACKED_FILE, expect_source="tracked")[0]["t"].iloc[0])
         for engine, caps in sims.items():
             flat = caps[i].reshape(len(caps[i]), -1)
             columns["run"] += [run.name] * len(flat)
             columns["engine"] += [engine] * len(flat)
-            columns["t"] += list(start_s + tick_s * np.arange(len(flat)))
+            columns["t"] += list(starts_s[i] + tick_s * np.arange(len(flat)))
             for k, column in enumerate(CAP_COLS):
                 columns[column] += flat[:, k].tolist()
     return pa.table(columns)
@@ -153,7 +152,8 @@ def run_evaluate(
     stage_dir = RunLayout.of(configs).stage_dir(iteration, STAGE)
     stage_dir.mkdir(parents=True, exist_ok=True)
     runs = recorded_runs(redeploy_ref)
-    real = [run.tracked_caps() for run in runs]
+    tracked = [run.tracked() for run in runs]
+    real = [caps for _, caps in tracked]
     attached, identified = attached_robot(configs, attach_ref), identified_robot(configs, attach_ref, sysid_ref)
     dt_s = configs.pipeline.gaits.search.dt_s
     compiled = configs.pipeline.engine.compiled
@@ -173,7 +173,9 @@ def run_evaluate(
     rows = gap_rows(runs, real, sims, configs.robot.rod.length_m)
     write_table(stage_dir / GAP_FILE, pa.Table.from_pylist(rows), {"stage": STAGE})
     tick_s = 1.0 / configs.robot.pid.control_rate_hz
-    write_table(stage_dir / REPLAYS_FILE, replays_table(runs, sims, tick_s), {"stage": STAGE})
+    write_table(
+        stage_dir / REPLAYS_FILE, replays_table(runs, [float(t[0]) for t, _ in tracked], sims, tick_s), {"stage": STAGE}
+    )
     for i, run in enumerate(runs):
         engine_caps = {f"engine {label}": sims[label][i] for label in ENGINES}
         image = replay_paths(real[i], engine_caps, f"{run.name}: sim vs real")

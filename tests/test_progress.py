@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import sys
 import threading
 
 import pytest
@@ -9,10 +11,23 @@ import pytest
 from pipeline.progress import PROGRESS_ENV, progress, progress_shown, stage_line
 
 
-@pytest.mark.parametrize(("value", "shown"), [("1", True), ("0", False), ("", False)])
-def test_rows_are_shown_where_asked_or_on_a_terminal(monkeypatch, value: str, shown: bool) -> None:
-    """``R2S2R_PROGRESS`` decides; unset, a terminal does (pytest's captured stderr is not one)."""
+class _Stream(io.StringIO):
+    def __init__(self, terminal: bool) -> None:
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+@pytest.mark.parametrize(
+    ("value", "terminal", "shown"),
+    [("1", False, True), ("0", True, False), ("", True, True), ("", False, False)],
+)
+def test_rows_are_shown_where_asked_or_on_a_terminal(monkeypatch, value: str, terminal: bool, shown: bool) -> None:
+    """``R2S2R_PROGRESS`` decides; unset, whether stderr is a terminal does."""
     monkeypatch.setenv(PROGRESS_ENV, value)
+    monkeypatch.setattr(sys, "stderr", _Stream(terminal))
     assert progress_shown() is shown
 
 
