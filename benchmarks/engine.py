@@ -6,12 +6,13 @@ for a fixed number of steps:
 
 * ``forward``: under ``torch.no_grad``;
 * ``forward_backward``: with gradients on the parameters, then one backward pass
-  of a loss on the end-cap positions; ``backward_ratio`` = its time / forward time.
+  of a loss on the end-cap positions; ``backward_ratio`` = its time / forward time (the eager
+  step's; ``compiled_...`` the compiled kernel's).
 
-With ``--compile`` the engine's compiled kernel (``Engine(compiled=True)``: steps without
-gradients, CPU float64; :mod:`pipeline.physics.kernel`) is also run forward; ``compile_s`` is its
-first step's time (numba loading its cache, or compiling, about 11 s, where the cache is cold).
-Steps with gradients always run the eager step.
+With ``--compile`` the engine's compiled kernel (``Engine(compiled=True)``, CPU float64;
+:mod:`pipeline.physics.kernel`) is also run, forward and forward+backward (the kernel's adjoint,
+:mod:`pipeline.physics.adjoint`); ``compile_s`` is its first step's time (numba loading its cache,
+or compiling, about 11 s, where the cache is cold).
 
 With ``--drift``, how far float32 rollouts (eager: the kernel is float64) end from float64 ones
 (compiled, 64 robots, random motor commands, 5 s at the stages' 5 ms step): the end caps'
@@ -61,14 +62,19 @@ def _forward(step, params, state, control, steps: int) -> float:
 
 
 def _forward_backward(step, engine: Engine, params, state, control, steps: int) -> float:
+    def run(n: int) -> None:
+        speed = params.motor_speed.clone().requires_grad_(True)
+        friction = params.friction.clone().requires_grad_(True)
+        p = params.replace(motor_speed=speed, friction=friction)
+        end = state
+        for _ in range(n):
+            end = step(p, end, control)
+        loss = (engine.cap_positions(end) * torch.linspace(0.5, 1.5, 3, dtype=engine.model.dtype)).sum()
+        loss.backward()
+
+    run(2)  # warm-up: the compiled backward loads (or compiles) its kernel on its first call
     start = time.perf_counter()
-    speed = params.motor_speed.clone().requires_grad_(True)
-    friction = params.friction.clone().requires_grad_(True)
-    p = params.replace(motor_speed=speed, friction=friction)
-    for _ in range(steps):
-        state = step(p, state, control)
-    loss = (engine.cap_positions(state) * torch.linspace(0.5, 1.5, 3, dtype=engine.model.dtype)).sum()
-    loss.backward()
+    run(steps)
     return time.perf_counter() - start
 
 
@@ -151,9 +157,11 @@ def main() -> None:
             with torch.no_grad():
                 fast.step(params, state, control)
             entry["compile_s"] = time.perf_counter() - start
-            entry["compiled_forward_env_steps_per_s"] = (
-                batch * steps / _forward(fast.step, params, state, control, steps)
-            )
+            compiled_forward = _forward(fast.step, params, state, control, steps)
+            compiled_both = _forward_backward(fast.step, fast, params, state, control, steps)
+            entry["compiled_forward_env_steps_per_s"] = batch * steps / compiled_forward
+            entry["compiled_forward_backward_env_steps_per_s"] = batch * steps / compiled_both
+            entry["compiled_backward_ratio"] = compiled_both / compiled_forward
         results[f"batch_{batch}"] = entry
     drift = _float32_drift(robot) if args.drift else None
     anchor = _mujoco_steps_per_s(configs, 2.0 if args.quick else 10.0)

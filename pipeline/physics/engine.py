@@ -30,6 +30,7 @@ import numpy
 import torch
 
 from pipeline.control import REST_LENGTH_LIMITS_M, motor_speed_rad_s, rest_length_change_m
+from pipeline.physics.adjoint import adjoint_kernel, adjoint_kernel_serial
 from pipeline.physics.contact import friction_impulse, normal_impulse, time_of_impact
 from pipeline.physics.kernel import PARAMETER_COLUMNS, caps_and_lengths, step_kernel, step_kernel_serial
 from pipeline.physics.model import RobotModel
@@ -118,6 +119,32 @@ def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], dim=-1)
 
 
+class _CompiledSteps(torch.autograd.Function):
+    """:meth:`Engine.steps` compiled, with gradients: the kernel forward
+    (:func:`~pipeline.physics.kernel.step_kernel`), its adjoint backward
+    (:func:`~pipeline.physics.adjoint.adjoint_kernel`: the eager step's gradient)."""
+
+    @staticmethod
+    def forward(ctx, engine: Engine, n: int, columns: torch.Tensor, control: torch.Tensor, *state: torch.Tensor):
+        arrays = tuple(tensor.detach().contiguous().numpy() for tensor in (columns, control, *state))
+        out = tuple(torch.from_numpy(a) for a in engine._run_kernel(arrays[2:], arrays[1], arrays[0], n))
+        ctx.engine, ctx.n = engine, n
+        ctx.save_for_backward(columns, control, *state, *out)
+        return out
+
+    @staticmethod
+    def backward(ctx, *grad_out: torch.Tensor | None):
+        columns, control, *saved = (tensor.detach().contiguous().numpy() for tensor in ctx.saved_tensors)
+        start, end = tuple(saved[:6]), tuple(saved[6:])
+        adjoints = tuple(
+            numpy.zeros_like(array) if grad is None else grad.detach().to(torch.float64).contiguous().numpy()
+            for grad, array in zip(grad_out, end, strict=True)
+        )
+        grad_columns, grad_control, grad_in = ctx.engine._run_adjoint(start, end, control, columns, ctx.n, adjoints)
+        grads = (torch.from_numpy(grad_columns), torch.from_numpy(grad_control), *map(torch.from_numpy, grad_in))
+        return None, None, *grads
+
+
 PARALLEL_BATCH = 64
 """Batches of at least this many environments step on several threads (the compiled kernel): below,
 one thread is as fast, and does not wait for a thread another process has taken the core from."""
@@ -130,8 +157,10 @@ class Engine:
     resting contacts do not jitter. ``contact_iterations``: projected-Jacobi sweeps
     that refine the contact impulses of a rod touching at several points; they
     change the impulses' values only (the gradient is that of the first pass).
-    ``compiled``: steps taken without gradients (grad mode off) on CPU float64 tensors run the
-    compiled kernel (:func:`~pipeline.physics.kernel.step_kernel`); other steps run eagerly.
+    ``compiled``: steps on CPU float64 tensors run the compiled kernel
+    (:func:`~pipeline.physics.kernel.step_kernel`), with gradients its adjoint in the backward pass
+    (:func:`~pipeline.physics.adjoint.adjoint_kernel`, the eager step's gradient); other steps run
+    eagerly.
     """
 
     def __init__(
@@ -299,37 +328,80 @@ class Engine:
         (B, 6) in [-1, 1] (a control tick's physics steps, in one call of the compiled kernel)."""
         if self._kernel_applies(state):
             return self._kernel_steps(params, state, control, n)
+        if self._runs_compiled(state):
+            return self._differentiable_kernel_steps(params, state, control, n)
         for _ in range(n):
             state = self.advance(params, state, control)
         return state
 
+    def _runs_compiled(self, state: State) -> bool:
+        """Whether ``state``'s steps run compiled, with or without gradients: ``compiled``, CPU float64."""
+        return self.compiled and state.pos.device.type == "cpu" and state.pos.dtype == torch.float64
+
     def _kernel_applies(self, state: State) -> bool:
-        """Whether ``state``'s steps and geometry run compiled: ``compiled``, no gradients, CPU float64."""
-        cpu64 = state.pos.device.type == "cpu" and state.pos.dtype == torch.float64
-        return self.compiled and cpu64 and not torch.is_grad_enabled()
+        """Whether ``state``'s steps and geometry run compiled without gradients (:meth:`_runs_compiled`,
+        grad mode off)."""
+        return self._runs_compiled(state) and not torch.is_grad_enabled()
 
     def _kernel_steps(self, params: Params, state: State, control: torch.Tensor, n: int) -> State:
-        """:meth:`steps` by :func:`~pipeline.physics.kernel.step_kernel` (no gradients; CPU, float64), on
-        as many threads as torch uses (``torch.set_num_threads``) from :data:`PARALLEL_BATCH`
-        environments up, on the calling thread alone below or where torch uses one."""
+        """:meth:`steps` by :func:`~pipeline.physics.kernel.step_kernel` (no gradients; CPU, float64)."""
         batch = state.batch_size
         inputs = tuple(getattr(state, f.name).detach().contiguous().numpy() for f in fields(State))
-        out = tuple(numpy.empty_like(array) for array in inputs)
-        spare = tuple(numpy.empty_like(array) for array in inputs) if n > 1 else out
+        columns = self._parameter_columns(params, batch)
+        out = self._run_kernel(inputs, control.detach().expand(batch, -1).contiguous().numpy(), columns, n)
+        return State(*(torch.from_numpy(array) for array in out))
+
+    def _differentiable_kernel_steps(self, params: Params, state: State, control: torch.Tensor, n: int) -> State:
+        """:meth:`steps` by the compiled kernel with gradients (CPU, float64): the kernel forward, its
+        adjoint (:func:`~pipeline.physics.adjoint.adjoint_kernel`) backward."""
+        batch = state.batch_size
+        columns = torch.stack([getattr(params, name).expand(batch) for name in PARAMETER_COLUMNS], 1)
+        tensors = (getattr(state, f.name) for f in fields(State))
+        return State(*_CompiledSteps.apply(self, n, columns, control.expand(batch, -1), *tensors))
+
+    def _threads(self, batch: int) -> int:
+        """How many threads the compiled kernels take for ``batch`` environments: as many as torch uses
+        (``torch.set_num_threads``) from :data:`PARALLEL_BATCH` environments up, else one (the calling
+        thread)."""
         threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS) if batch >= PARALLEL_BATCH else 1
         numba.set_num_threads(threads)
-        (step_kernel if threads > 1 else step_kernel_serial)(
-            inputs,
-            control.detach().expand(batch, -1).contiguous().numpy(),
-            self._parameter_columns(params, batch),
-            self._kernel_model,
-            self.contact_iterations,
-            ROD_CONTACT_SWEEPS,
-            n,
-            spare,
-            out,
-        )
-        return State(*(torch.from_numpy(array) for array in out))
+        return threads
+
+    def _run_kernel(
+        self, inputs: tuple, control: numpy.ndarray, columns: numpy.ndarray, n: int
+    ) -> tuple[numpy.ndarray, ...]:
+        """``n`` steps of :func:`~pipeline.physics.kernel.step_kernel` from the state arrays ``inputs``
+        under ``control`` (B, 6) and parameter columns ``columns`` (B, 10); returns the end state's arrays."""
+        out = tuple(numpy.empty_like(array) for array in inputs)
+        spare = tuple(numpy.empty_like(array) for array in inputs) if n > 1 else out
+        kernel = step_kernel if self._threads(len(control)) > 1 else step_kernel_serial
+        kernel(inputs, control, columns, self._kernel_model, self.contact_iterations, ROD_CONTACT_SWEEPS, n, spare, out)
+        return out
+
+    def _run_adjoint(
+        self,
+        start: tuple,
+        end: tuple,
+        control: numpy.ndarray,
+        columns: numpy.ndarray,
+        n: int,
+        grad_out: tuple,
+    ) -> tuple[numpy.ndarray, numpy.ndarray, tuple]:
+        """The gradient of :meth:`_run_kernel` from state arrays ``start`` to ``end`` given the adjoints
+        ``grad_out`` of ``end`` (:func:`~pipeline.physics.adjoint.adjoint_kernel`): the parameter
+        columns' (B, 10), the control's (B, 6) and the start state's adjoints."""
+        batch = len(control)
+        tape = tuple(numpy.empty((n + 1, *array.shape)) for array in start)
+        for lane, first, last in zip(tape, start, end, strict=True):
+            lane[0], lane[n] = first, last
+        grad_in = tuple(numpy.empty_like(array) for array in start)
+        grad_control, grad_columns = numpy.empty((batch, control.shape[1])), numpy.empty((batch, columns.shape[1]))
+        kernel = adjoint_kernel if self._threads(batch) > 1 else adjoint_kernel_serial
+        kernel(
+            tape, control, columns, self._kernel_model, self.contact_iterations, ROD_CONTACT_SWEEPS, n,
+            grad_out, grad_in, grad_control, grad_columns,
+        )  # fmt: skip
+        return grad_columns, grad_control, grad_in
 
     def _parameter_columns(self, params: Params, batch: int) -> numpy.ndarray:
         """``params`` as the kernel's (B, 10) array (:data:`~pipeline.physics.kernel.PARAMETER_COLUMNS`),

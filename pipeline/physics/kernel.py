@@ -18,6 +18,9 @@ Every function but the two kernels and :func:`_work` compiles without numba's ru
 carries no reference count, whose atomic increments and decrements took half of a step's time.
 They may fuse a multiply and an add (``fastmath={"contract"}``, 4 % faster; one rounding instead of
 two): no other fast-math licence, so sums keep their order and NaN and infinity their meaning.
+The parts of a step that its gradient computes again (:func:`_free_motion`, :func:`_ground_impulses`,
+:func:`_cable`; :mod:`~pipeline.physics.adjoint`) are inlined where they are called
+(``inline="always"``): called as functions they cost a tenth of a step.
 
 Shapes as in :mod:`~pipeline.physics.engine`: B environments, 3 rods, 10 body points per rod, 12
 ground contacts (4 per rod), 9 cables (6 actuated), P capsule pairs. Units SI.
@@ -165,8 +168,9 @@ def _work(model: tuple) -> tuple:
     environment would cost as much as the physics): rotations at the step's start and end (2, 3, 3,
     3); per-rod vectors (13, 3, 3) in the ``_FORCE``... slots; each rod's lift and active ground
     contacts (2, 3); the body points' lever arms and velocities (2, 3, K, 3); per ground contact its
-    lever, body point and impulse (3, 12, 3), its inverse contact mass (12, 6), its target speed,
-    share, bounce height, normal speed and gap (5, 12) and whether it is active (12,); per capsule
+    lever, body point, impulse and slip direction (4, 12, 3), its inverse contact mass (12, 6), its
+    target speed, share, bounce height, normal speed, gap, first normal impulse and inverse mass
+    along the normal (7, 12) and whether it is active (12,) (:func:`_ground_impulses`); per capsule
     pair its closest points and their lever arms (2, P, 6), normal (P, 3), gap and inverse mass
     (2, P); per pair of rods their distance (3, 3). ``model`` as :func:`step_kernel` takes it."""
     n_points, n_contacts, n_pairs = model[0].shape[1], model[5].shape[0], model[7].shape[0]
@@ -175,9 +179,9 @@ def _work(model: tuple) -> tuple:
         np.empty((13, 3, 3)),
         np.empty((2, 3)),
         np.empty((2, 3, n_points, 3)),
-        np.empty((3, n_contacts, 3)),
+        np.empty((4, n_contacts, 3)),
         np.empty((n_contacts, 6)),
-        np.empty((5, n_contacts)),
+        np.empty((7, n_contacts)),
         np.empty(n_contacts, dtype=np.bool_),
         np.empty((2, n_pairs, 6)),
         np.empty((n_pairs, 3)),
@@ -281,88 +285,18 @@ def _step_env(
 ) -> None:
     """One step of environment ``b`` (:func:`step_kernel`) in the thread's ``work`` arrays
     (:func:`_work`)."""
-    pos, quat, vel, omega, rest_length, motor_omega = state
-    out_pos, out_quat, out_vel, out_omega, out_rest, out_motor = out
-    local, mass, inertia, cable_a, cable_b, contact_point, contact_radius, pair_rods, pair_z, pair_reach, scalars = (
-        model
-    )
-    dt, gravity, omega_max, winch = scalars[0], scalars[1], scalars[2], scalars[3]
-    bounce, rest_low, rest_high, margin = scalars[4], scalars[5], scalars[6], scalars[7]
+    pos, quat, _, _, _, _ = state
+    out_pos, out_quat, out_vel, out_omega, _, _ = out
+    local, mass, inertia, _, _, contact_point, contact_radius, pair_rods, pair_z, pair_reach, scalars = model
+    dt, bounce, margin = scalars[0], scalars[4], scalars[7]
     n_points = local.shape[1]
     n_contacts = contact_point.shape[0]
     n_pairs = pair_rods.shape[0]
     inv_i0, inv_i1, inv_i2 = 1.0 / inertia[0], 1.0 / inertia[1], 1.0 / inertia[2]
     frames, vectors, per_rod, points, _, _, _, _, pair_points, _, pair_scalars, rod_distance = work
-    rot, new_rot, arms, pvel = frames[0], frames[1], points[0], points[1]
-    force, torque, v1, w1 = vectors[_FORCE], vectors[_TORQUE], vectors[_V1], vectors[_W1]
-    force[:] = 0.0
-    torque[:] = 0.0
+    rot, new_rot, arms = frames[0], frames[1], points[0]
     p = params[b]
-    # motors: rest lengths and motor speeds
-    lag = math.exp(-dt / max(p[1], 1e-6))
-    for c in range(6):
-        cmd = p[0] * omega_max * control[b, c]
-        w = cmd + (motor_omega[b, c] - cmd) * lag
-        rest = rest_length[b, c] - 0.5 * (w + motor_omega[b, c]) * winch * dt
-        out_rest[b, c] = min(max(rest, rest_low), rest_high)
-        out_motor[b, c] = w
-    # body points
-    for r in range(3):
-        _rotation(quat[b, r], rot[r])
-        for k in range(n_points):
-            x, y, z = _to_world(rot[r], local[r, k, 0], local[r, k, 1], local[r, k, 2])
-            arms[r, k, 0], arms[r, k, 1], arms[r, k, 2] = x, y, z
-            cx, cy, cz = _cross(omega[b, r, 0], omega[b, r, 1], omega[b, r, 2], x, y, z)
-            pvel[r, k, 0], pvel[r, k, 1], pvel[r, k, 2] = vel[b, r, 0] + cx, vel[b, r, 1] + cy, vel[b, r, 2] + cz
-    # cables
-    for c in range(cable_a.shape[0]):
-        ra, ka = cable_a[c] // n_points, cable_a[c] % n_points
-        rb, kb = cable_b[c] // n_points, cable_b[c] % n_points
-        d0 = pos[b, rb, 0] + arms[rb, kb, 0] - pos[b, ra, 0] - arms[ra, ka, 0]
-        d1 = pos[b, rb, 1] + arms[rb, kb, 1] - pos[b, ra, 1] - arms[ra, ka, 1]
-        d2 = pos[b, rb, 2] + arms[rb, kb, 2] - pos[b, ra, 2] - arms[ra, ka, 2]
-        length = math.sqrt(d0 * d0 + d1 * d1 + d2 * d2)
-        d0, d1, d2 = d0 / length, d1 / length, d2 / length
-        speed = (
-            (pvel[rb, kb, 0] - pvel[ra, ka, 0]) * d0
-            + (pvel[rb, kb, 1] - pvel[ra, ka, 1]) * d1
-            + (pvel[rb, kb, 2] - pvel[ra, ka, 2]) * d2
-        )
-        if c < 6:
-            stretch = length - out_rest[b, c]
-            tension = p[4] * stretch + p[5] * speed
-        else:
-            stretch = length - p[9]
-            tension = stretch * (p[6] + p[7] * stretch * stretch) + p[8] * speed
-        if stretch <= 0 or tension < 0:
-            continue
-        f0, f1, f2 = tension * d0, tension * d1, tension * d2
-        force[ra, 0] += f0
-        force[ra, 1] += f1
-        force[ra, 2] += f2
-        t0, t1, t2 = _cross(arms[ra, ka, 0], arms[ra, ka, 1], arms[ra, ka, 2], f0, f1, f2)
-        torque[ra, 0] += t0
-        torque[ra, 1] += t1
-        torque[ra, 2] += t2
-        force[rb, 0] -= f0
-        force[rb, 1] -= f1
-        force[rb, 2] -= f2
-        t0, t1, t2 = _cross(arms[rb, kb, 0], arms[rb, kb, 1], arms[rb, kb, 2], -f0, -f1, -f2)
-        torque[rb, 0] += t0
-        torque[rb, 1] += t1
-        torque[rb, 2] += t2
-    # free motion: gravity, Euler's equations
-    for r in range(3):
-        force[r, 2] += -mass[r] * gravity
-        for j in range(3):
-            v1[r, j] = vel[b, r, j] + force[r, j] / mass[r] * dt
-        wx, wy, wz = _to_body(rot[r], omega[b, r, 0], omega[b, r, 1], omega[b, r, 2])
-        tx, ty, tz = _to_body(rot[r], torque[r, 0], torque[r, 1], torque[r, 2])
-        gx, gy, gz = _cross(wx, wy, wz, wx * inertia[0], wy * inertia[1], wz * inertia[2])
-        wx = wx + dt * (tx - gx) / inertia[0]
-        wy = wy + dt * (ty - gy) / inertia[1]
-        wz = wz + dt * (tz - gz) / inertia[2]
-        w1[r, 0], w1[r, 1], w1[r, 2] = _to_world(rot[r], wx, wy, wz)
+    _free_motion(b, state, control, params, model, work, out)
     _ground(
         b, pos, rot, arms, p, local, mass, inertia, contact_point, contact_radius, dt, bounce, contact_iterations,
         work,
@@ -411,6 +345,118 @@ def _step_env(
     _rod_separation(b, out_pos, new_rot, gap, pair_rods, pair_z, pair_reach, margin, sweeps, vectors)
 
 
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"}, inline="always")
+def _free_motion(
+    b: int, state: tuple, control: np.ndarray, params: np.ndarray, model: tuple, work: tuple, out: tuple
+) -> None:
+    """Motors, cables, gravity and Euler's equations of environment ``b``'s step (:func:`step_kernel`):
+    the new rest lengths and motor speeds into ``out``; into ``work`` (:func:`_work`) the rods'
+    rotations at the step's start, the body points' lever arms and velocities, the cables' and
+    gravity's force and torque per rod, and the free-motion velocities (``_V1``, ``_W1`` slots)."""
+    pos, quat, vel, omega, rest_length, motor_omega = state
+    out_rest, out_motor = out[4], out[5]
+    local, mass, inertia, cable_a, cable_b = model[0], model[1], model[2], model[3], model[4]
+    scalars = model[10]
+    dt, gravity, omega_max, winch = scalars[0], scalars[1], scalars[2], scalars[3]
+    rest_low, rest_high = scalars[5], scalars[6]
+    n_points = local.shape[1]
+    frames, vectors, points = work[0], work[1], work[3]
+    rot, arms, pvel = frames[0], points[0], points[1]
+    force, torque, v1, w1 = vectors[_FORCE], vectors[_TORQUE], vectors[_V1], vectors[_W1]
+    force[:] = 0.0
+    torque[:] = 0.0
+    p = params[b]
+    # motors: rest lengths and motor speeds
+    lag = math.exp(-dt / max(p[1], 1e-6))
+    for c in range(6):
+        cmd = p[0] * omega_max * control[b, c]
+        w = cmd + (motor_omega[b, c] - cmd) * lag
+        rest = rest_length[b, c] - 0.5 * (w + motor_omega[b, c]) * winch * dt
+        out_rest[b, c] = min(max(rest, rest_low), rest_high)
+        out_motor[b, c] = w
+    # body points
+    for r in range(3):
+        _rotation(quat[b, r], rot[r])
+        for k in range(n_points):
+            x, y, z = _to_world(rot[r], local[r, k, 0], local[r, k, 1], local[r, k, 2])
+            arms[r, k, 0], arms[r, k, 1], arms[r, k, 2] = x, y, z
+            cx, cy, cz = _cross(omega[b, r, 0], omega[b, r, 1], omega[b, r, 2], x, y, z)
+            pvel[r, k, 0], pvel[r, k, 1], pvel[r, k, 2] = vel[b, r, 0] + cx, vel[b, r, 1] + cy, vel[b, r, 2] + cz
+    # cables
+    for c in range(cable_a.shape[0]):
+        d0, d1, d2, _, _, stretch, tension = _cable(b, c, pos, arms, pvel, out_rest, p, cable_a, cable_b, n_points)
+        if stretch <= 0 or tension < 0:
+            continue
+        ra, ka = cable_a[c] // n_points, cable_a[c] % n_points
+        rb, kb = cable_b[c] // n_points, cable_b[c] % n_points
+        f0, f1, f2 = tension * d0, tension * d1, tension * d2
+        force[ra, 0] += f0
+        force[ra, 1] += f1
+        force[ra, 2] += f2
+        t0, t1, t2 = _cross(arms[ra, ka, 0], arms[ra, ka, 1], arms[ra, ka, 2], f0, f1, f2)
+        torque[ra, 0] += t0
+        torque[ra, 1] += t1
+        torque[ra, 2] += t2
+        force[rb, 0] -= f0
+        force[rb, 1] -= f1
+        force[rb, 2] -= f2
+        t0, t1, t2 = _cross(arms[rb, kb, 0], arms[rb, kb, 1], arms[rb, kb, 2], -f0, -f1, -f2)
+        torque[rb, 0] += t0
+        torque[rb, 1] += t1
+        torque[rb, 2] += t2
+    # free motion: gravity, Euler's equations
+    for r in range(3):
+        force[r, 2] += -mass[r] * gravity
+        for j in range(3):
+            v1[r, j] = vel[b, r, j] + force[r, j] / mass[r] * dt
+        wx, wy, wz = _to_body(rot[r], omega[b, r, 0], omega[b, r, 1], omega[b, r, 2])
+        tx, ty, tz = _to_body(rot[r], torque[r, 0], torque[r, 1], torque[r, 2])
+        gx, gy, gz = _cross(wx, wy, wz, wx * inertia[0], wy * inertia[1], wz * inertia[2])
+        wx = wx + dt * (tx - gx) / inertia[0]
+        wy = wy + dt * (ty - gy) / inertia[1]
+        wz = wz + dt * (tz - gz) / inertia[2]
+        w1[r, 0], w1[r, 1], w1[r, 2] = _to_world(rot[r], wx, wy, wz)
+
+
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"}, inline="always")
+def _cable(
+    b: int,
+    c: int,
+    pos: np.ndarray,
+    arms: np.ndarray,
+    pvel: np.ndarray,
+    rest: np.ndarray,
+    p: np.ndarray,
+    cable_a: np.ndarray,
+    cable_b: np.ndarray,
+    n_points: int,
+) -> tuple[float, float, float, float, float, float, float]:
+    """Cable ``c`` of environment ``b``: its unit direction from end a to end b, length (m),
+    lengthening speed (m/s), stretch beyond its rest length (m; the actuated cables' rest lengths
+    ``rest`` (B, 6)) and the tension (N) its stretch and speed ask for (the cable pulls only where
+    both the stretch and that tension are positive). ``arms``, ``pvel`` (3, K, 3): the body
+    points' lever arms and velocities; ``p`` (10,) the environment's parameters."""
+    ra, ka = cable_a[c] // n_points, cable_a[c] % n_points
+    rb, kb = cable_b[c] // n_points, cable_b[c] % n_points
+    d0 = pos[b, rb, 0] + arms[rb, kb, 0] - pos[b, ra, 0] - arms[ra, ka, 0]
+    d1 = pos[b, rb, 1] + arms[rb, kb, 1] - pos[b, ra, 1] - arms[ra, ka, 1]
+    d2 = pos[b, rb, 2] + arms[rb, kb, 2] - pos[b, ra, 2] - arms[ra, ka, 2]
+    length = math.sqrt(d0 * d0 + d1 * d1 + d2 * d2)
+    d0, d1, d2 = d0 / length, d1 / length, d2 / length
+    speed = (
+        (pvel[rb, kb, 0] - pvel[ra, ka, 0]) * d0
+        + (pvel[rb, kb, 1] - pvel[ra, ka, 1]) * d1
+        + (pvel[rb, kb, 2] - pvel[ra, ka, 2]) * d2
+    )
+    if c < 6:
+        stretch = length - rest[b, c]
+        tension = p[4] * stretch + p[5] * speed
+    else:
+        stretch = length - p[9]
+        tension = stretch * (p[6] + p[7] * stretch * stretch) + p[8] * speed
+    return d0, d1, d2, length, speed, stretch, tension
+
+
 @numba.njit(cache=True, _nrt=False, fastmath={"contract"})
 def _ground(
     b: int,
@@ -430,19 +476,74 @@ def _ground(
 ) -> None:
     """Ground contact of environment ``b`` on the free-motion velocities in the ``_V1``, ``_W1``
     slots of ``work`` (:func:`_work`): :meth:`Engine._ground_contact
-    <pipeline.physics.engine.Engine._ground_contact>`. Writes the new velocities into the ``_V2``,
-    ``_W2`` slots and each contact's time-of-impact height into the contact scalars' row 2."""
+    <pipeline.physics.engine.Engine._ground_contact>`, the first impulses
+    (:func:`_ground_impulses`) refined by ``iterations`` projected-Jacobi sweeps. Writes the new
+    velocities into the ``_V2``, ``_W2`` slots and each contact's time-of-impact height into the
+    contact scalars' row 2."""
+    _ground_impulses(b, pos, rot, arms, p, local, mass, inertia, contact_point, contact_radius, dt, bounce, work)
+    n_points = local.shape[1]
+    n_contacts = contact_point.shape[0]
+    friction = p[2]
+    _, vectors, _, _, contact_vectors, k_inv, contact_scalars, active, _, _, _, _ = work
+    v1, w1, v2, w2 = vectors[_V1], vectors[_W1], vectors[_V2], vectors[_W2]
+    lever, impulse = contact_vectors[0], contact_vectors[2]
+    target, share = contact_scalars[0], contact_scalars[1]
+    momentum, angular = vectors[_MOMENTUM], vectors[_ANGULAR]
+    for it in range(iterations + 1):
+        _apply_ground(rot, v1, w1, impulse, lever, contact_point, n_points, mass, inertia, momentum, angular, v2, w2)
+        if it == iterations:
+            break
+        for c in range(n_contacts):
+            if not active[c]:
+                continue
+            r = contact_point[c] // n_points
+            cx, cy, cz = _cross(w2[r, 0], w2[r, 1], w2[r, 2], lever[c, 0], lever[c, 1], lever[c, 2])
+            x, y, z = _to_body(rot[r], -(v2[r, 0] + cx), -(v2[r, 1] + cy), target[c] - (v2[r, 2] + cz))
+            m = k_inv[c]
+            x, y, z = m[0] * x + m[1] * y + m[2] * z, m[1] * x + m[3] * y + m[4] * z, m[2] * x + m[4] * y + m[5] * z
+            x, y, z = _to_world(rot[r], x, y, z)
+            tx, ty = impulse[c, 0] + share[c] * x, impulse[c, 1] + share[c] * y
+            normal = max(impulse[c, 2] + share[c] * z, 0.0)
+            scale = min(friction * normal / max(math.sqrt(tx * tx + ty * ty), 1e-15), 1.0)
+            impulse[c, 0], impulse[c, 1], impulse[c, 2] = tx * scale, ty * scale, normal
+
+
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"}, inline="always")
+def _ground_impulses(
+    b: int,
+    pos: np.ndarray,
+    rot: np.ndarray,
+    arms: np.ndarray,
+    p: np.ndarray,
+    local: np.ndarray,
+    mass: np.ndarray,
+    inertia: np.ndarray,
+    contact_point: np.ndarray,
+    contact_radius: np.ndarray,
+    dt: float,
+    bounce: float,
+    work: tuple,
+) -> None:
+    """The ground's first impulses of environment ``b`` on the free-motion velocities in ``work``
+    (:func:`_work`), into its contact arrays: per contact its lever from the rod's centre to the
+    touching point (world), touching point (rod frame) and impulse (N s); its target normal speed,
+    share of its rod's contacts, bounce height, normal speed, gap, normal impulse and inverse mass
+    along the normal (the contact scalars' rows); its slip direction (x, y, and 1 where it slips,
+    the contact vectors' slot 3); whether it is active; its inverse contact mass. What the gradient
+    of the step's impulses is taken from (:mod:`~pipeline.physics.adjoint`)."""
     n_points = local.shape[1]
     n_contacts = contact_point.shape[0]
     friction, restitution = p[2], p[3]
     _, vectors, per_rod, _, contact_vectors, k_inv, contact_scalars, active, _, _, _, _ = work
-    v1, w1, v2, w2 = vectors[_V1], vectors[_W1], vectors[_V2], vectors[_W2]
-    lever, body, impulse = contact_vectors[0], contact_vectors[1], contact_vectors[2]
-    target, share, height, v_n, gap = contact_scalars
+    v1, w1 = vectors[_V1], vectors[_W1]
+    lever, body, impulse, slip = contact_vectors[0], contact_vectors[1], contact_vectors[2], contact_vectors[3]
+    target, share, height, v_n, gap, normal_impulse, normal_weight = contact_scalars
     count = per_rod[1]
     impulse[:] = 0.0
+    slip[:] = 0.0
     target[:] = 0.0
     height[:] = 0.0
+    normal_impulse[:] = 0.0
     count[:] = 0.0
     for c in range(n_contacts):
         r, k = contact_point[c] // n_points, contact_point[c] % n_points
@@ -466,11 +567,13 @@ def _ground(
         inv_mass = 1.0 / mass[r]
         a0, a1, a2 = _cross(lx, ly, lz, nx, ny, nz)
         w_n = inv_mass + (a0 * a0 / inertia[0] + a1 * a1 / inertia[1] + a2 * a2 / inertia[2])
+        normal_weight[c] = w_n
         vn = v_n[c]
         j_n = 0.0
         if vn < 0:
             e = restitution if vn < -bounce else 0.0
             j_n = -(1 + e) * vn / w_n
+        normal_impulse[c] = j_n
         cx, cy, _ = _cross(w1[r, 0], w1[r, 1], w1[r, 2], lever[c, 0], lever[c, 1], lever[c, 2])
         tx, ty = v1[r, 0] + cx, v1[r, 1] + cy
         t_norm = math.sqrt(tx * tx + ty * ty) + 1e-12
@@ -481,6 +584,7 @@ def _ground(
         stick, slide = speed / w_t, friction * j_n
         magnitude = stick if stick < slide else slide
         if speed > 1e-9:
+            slip[c, 0], slip[c, 1], slip[c, 2] = tx / speed, ty / speed, 1.0
             impulse[c, 0] = -magnitude * (tx / speed) * share[c]
             impulse[c, 1] = -magnitude * (ty / speed) * share[c]
         impulse[c, 2] = j_n * share[c]
@@ -502,24 +606,6 @@ def _ground(
         det = ka * ca + kb * cb + kc * cc
         k_inv[c, 0], k_inv[c, 1], k_inv[c, 2] = ca / det, cb / det, cc / det
         k_inv[c, 3], k_inv[c, 4], k_inv[c, 5] = cd / det, ce / det, cf / det
-    momentum, angular = vectors[_MOMENTUM], vectors[_ANGULAR]
-    for it in range(iterations + 1):
-        _apply_ground(rot, v1, w1, impulse, lever, contact_point, n_points, mass, inertia, momentum, angular, v2, w2)
-        if it == iterations:
-            break
-        for c in range(n_contacts):
-            if not active[c]:
-                continue
-            r = contact_point[c] // n_points
-            cx, cy, cz = _cross(w2[r, 0], w2[r, 1], w2[r, 2], lever[c, 0], lever[c, 1], lever[c, 2])
-            x, y, z = _to_body(rot[r], -(v2[r, 0] + cx), -(v2[r, 1] + cy), target[c] - (v2[r, 2] + cz))
-            m = k_inv[c]
-            x, y, z = m[0] * x + m[1] * y + m[2] * z, m[1] * x + m[3] * y + m[4] * z, m[2] * x + m[4] * y + m[5] * z
-            x, y, z = _to_world(rot[r], x, y, z)
-            tx, ty = impulse[c, 0] + share[c] * x, impulse[c, 1] + share[c] * y
-            normal = max(impulse[c, 2] + share[c] * z, 0.0)
-            scale = min(friction * normal / max(math.sqrt(tx * tx + ty * ty), 1e-15), 1.0)
-            impulse[c, 0], impulse[c, 1], impulse[c, 2] = tx * scale, ty * scale, normal
 
 
 @numba.njit(cache=True, _nrt=False, fastmath={"contract"})
