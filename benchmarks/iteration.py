@@ -18,10 +18,11 @@ Headline metrics per iteration come from the iterations' MLflow runs.
 **Where a stage's time goes**: commands 1 and 2 run under py-spy (sampling every Python thread of
 the command 50 times a second, without pausing it). Each sample is put in the stage whose task
 module (``tasks/<stage>.py``) is on its stack, and in the first of these costs its stack shows:
-``compile`` (numba, torch's compiler), ``engine kernel`` (the compiled steps), ``engine eager``
-(steps with gradients and the learned engine's physics), ``learned network``, ``twin physics`` and
-``rendering`` (MuJoCo), ``vision`` (decoding, segmentation and fitting frames), ``plots``,
-``storage`` (Parquet, files), ``mlflow``, ``prefect``, ``imports``, else ``other``. Per stage: the
+``compile`` (numba, torch's compiler), ``engine kernel`` (the compiled steps and their
+gradient), ``engine eager`` (the rollouts' own torch work between the steps, and the learned
+engine's physics), ``learned network``, ``twin physics`` and ``rendering`` (MuJoCo), ``vision``
+(decoding, segmentation and fitting frames), ``plots``, ``storage`` (Parquet, files),
+``mlflow``, ``prefect``, ``imports``, else ``other``. Per stage: the
 seconds sampled (threads that were running), each cost's share, and the three functions of the
 project where most of its samples were (innermost project frame).
 
@@ -48,7 +49,10 @@ PYSPY = str(REPO / ".venv" / "bin" / "py-spy")
 SAMPLE_HZ = 50
 COSTS = (
     ("compile", ("numba/core/", "torch/_dynamo/", "torch/_inductor/")),
-    ("engine kernel", ("pipeline/physics/engine.py:Engine._kernel_steps",)),
+    (
+        "engine kernel",
+        ("pipeline/physics/engine.py:Engine._run_kernel", "pipeline/physics/engine.py:Engine._run_adjoint"),
+    ),
     ("learned network", ("pipeline/learned/network.py", "pipeline/learned/training.py")),
     ("engine eager", ("pipeline/physics/", "pipeline/learned/engine.py")),
     ("rendering", ("mujoco/renderer.py", "pipeline/hardware/camera.py")),

@@ -1,7 +1,8 @@
-"""The engine's step without gradients as one compiled loop over environments (numba).
+"""The engine's step as one compiled loop over environments (numba).
 
-:meth:`Engine.step <pipeline.physics.engine.Engine.step>` with ``compiled`` and gradients off runs
-:func:`step_kernel` on CPU float64 tensors: the same physics as :meth:`Engine.advance` (motors,
+:meth:`Engine.step <pipeline.physics.engine.Engine.step>` with ``compiled`` runs :func:`step_kernel`
+on CPU float64 tensors (with gradients, its adjoint in the backward pass:
+:mod:`~pipeline.physics.adjoint`): the same physics as :meth:`Engine.advance` (motors,
 cables, gravity, ground contact with its projected-Jacobi refinement, contact between the rods'
 capsules, integration, the ground's and the rods' position corrections), written per environment
 in scalars and a few work arrays per thread (:func:`_work`), the environments split over the CPU's
