@@ -19,7 +19,7 @@ start states built from the data matter (:func:`start_state_errors`). Engines:
 Also the training's wall time, and each engine's throughput in simulated robot-seconds per
 wall-second at 1 and ``--batch`` environments (no gradients), measured in the same run.
 
-    python -m benchmarks.learned_contact [--random 12] [--epochs 12,6,3,2] [--quick]
+    python -m benchmarks.learned_contact [--random 12] [--epochs 12,6,3,2] [--quick] [--set key.path=value]
 
 Prints one JSON object.
 """
@@ -35,6 +35,7 @@ import time
 import numpy as np
 import torch
 
+from flows.cli import parse_overrides
 from pipeline.config import LoadedConfigs, load_all
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.learned.data import StatesAlong, Trajectory, states_along, windows
@@ -103,11 +104,12 @@ def main() -> None:
     parser.add_argument("--epochs", help="epochs of each curriculum length, comma-separated")
     parser.add_argument("--batch", type=int, default=1024, help="environments of the batched throughput")
     parser.add_argument("--quick", action="store_true", help="a few short trajectories and epochs (a smoke test)")
+    parser.add_argument("--set", action="append", help="override a config value: key.path=value (YAML), as the CLI")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    configs = load_all(args.config)
+    configs = load_all(args.config, parse_overrides(args.set))
     robot, learn = configs.robot, configs.pipeline.learn
     curriculum = learn.pretrain.curriculum
     if args.quick:
@@ -130,7 +132,7 @@ def main() -> None:
     true_model, true_params = twin_true_model(robot, configs.twin), twin_true_params(robot, configs.twin)
     latency = configs.twin.control_latency_s
     network = build_network(true_model, learn.model)
-    learned = LearnedEngine(true_model, network, learn.model.dt_s)
+    learned = LearnedEngine(true_model, network, learn.model.dt_s, learn.model.spin)
     along = [states_along(learned, true_params, network.graph, t, latency) for t in trajectories]
     result = train(
         learned,

@@ -87,6 +87,37 @@ def test_rigid_fit_recovers_a_rigid_velocity_change(model, graph) -> None:
     torch.testing.assert_close(fitted_omega, d_omega)
 
 
+def test_the_rods_spin_is_held_or_the_analytic_contacts(default_configs, model, graph) -> None:
+    """A rod's spin about its own axis after a learned step: none with ``spin="held"``; with
+    ``"analytic"``, the analytic engine's after its ground impulses (rolling under full motor
+    commands, rods apart: no rod contact to change it), whatever the network predicts; the
+    spin across the axis stays the network's."""
+    params = Params.from_robot(default_configs.robot)
+    analytic = Engine(model, dt=0.005)
+    state = rest_start(analytic, params, default_configs.robot)
+    control = torch.tensor([[1.0, -1.0, 1.0, -1.0, 1.0, -1.0]], dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(40):
+            state = analytic.step(params, state, control)
+        network = ContactNetwork(graph, FEATURE_SIZES, latent=8, steps=1).double()
+        held, spun = (
+            LearnedEngine(model, network, dt=0.005, spin=s).step(params, state, control) for s in ("held", "analytic")
+        )
+        reference = analytic.step(params, state, control)
+    axis = quat_to_matrix(state.quat)[..., 2]
+    along = {name: (s.omega * axis).sum(-1) for name, s in (("held", held), ("analytic", spun), ("engine", reference))}
+    assert float(along["engine"].abs().max()) > 0.1  # the rods roll about their axes
+    torch.testing.assert_close(along["held"], torch.zeros_like(along["held"]), atol=1e-12, rtol=0)
+    torch.testing.assert_close(along["analytic"], along["engine"], atol=1e-12, rtol=1e-12)
+    across = {
+        name: s.omega - (s.omega * axis).sum(-1, keepdim=True) * axis
+        for name, s in (("held", held), ("analytic", spun))
+    }
+    torch.testing.assert_close(across["analytic"], across["held"], atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="spin"):
+        LearnedEngine(model, network, dt=0.005, spin="free")
+
+
 def test_features_have_their_documented_sizes(default_configs, model, graph) -> None:
     engine = Engine(model, dt=0.02)
     params = Params.from_robot(default_configs.robot)

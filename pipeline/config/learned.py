@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -26,6 +26,11 @@ class ContactModelConfig(StrictModel):
     )
     latent: Annotated[int, Field(ge=4)] = Field(default=64, description="Numbers per node and edge latent.")
     message_passing_steps: Annotated[int, Field(ge=1)] = Field(default=3, description="Processor steps.")
+    spin: Literal["held", "analytic"] = Field(
+        default="held",
+        description="Each rod's spin about its own axis, which the nodes on the axis cannot show: held at "
+        "zero (each rod keeps its roll), or the analytic ground contact's (docs/learned-contact.md).",
+    )
 
 
 class CurriculumConfig(StrictModel):

@@ -9,11 +9,14 @@ passive forces + graph-network contact"). A step:
 2. the graph's features (:func:`features`) from the state and those velocities; the network
    predicts each node's velocity change from contact;
 3. the rigid motion that best fits those node velocity changes (:meth:`LearnedEngine.rigid_fit`:
-   least squares over each rod's nodes) is added to the free velocities. The spin about a rod's
-   own axis is held at zero, so each rod keeps the roll it starts with: nodes on the axis cannot
-   show the spin, and the light rod's spin under the cables' torques about its axis is too stiff
-   for explicit steps of 10 ms (the analytic engine, stepped at 10 ms from the twin's states with
-   their true spins, diverges; docs/learned-contact.md);
+   least squares over each rod's nodes) is added to the free velocities. Nodes on the axis cannot
+   show a rod's spin about its own axis; with ``spin="held"`` it is held at zero, so each rod keeps
+   the roll it starts with (the light rod's spin under the cables' torques about its axis is too
+   stiff for explicit steps of 10 ms: the analytic engine, stepped at 10 ms from the twin's states
+   with their true spins, diverges; docs/learned-contact.md); with ``spin="analytic"`` it is the
+   analytic engine's after its ground impulses (:meth:`Engine._ground_contact
+   <pipeline.physics.engine.Engine._ground_contact>`), stable at 5 ms, so the cables' attachment
+   points turn as the rods roll;
 4. contact between rods and the integration of positions, as in the analytic engine (the
    learned contact has no position correction: the network learns not to sink).
 
@@ -107,10 +110,16 @@ def features(
 
 class LearnedEngine(Engine):
     """An :class:`~pipeline.physics.engine.Engine` with ``network``'s ground contact; ``dt`` (s) the
-    step the network was trained at. Steps are never compiled (the network runs eagerly)."""
+    step the network was trained at; ``spin`` the rods' spin about their axes, ``"held"`` or
+    ``"analytic"`` (step 3 above). Steps are never compiled (the network runs eagerly)."""
 
-    def __init__(self, model: RobotModel, network: ContactNetwork, dt: float, gravity_m_s2: float = 9.81) -> None:
+    def __init__(
+        self, model: RobotModel, network: ContactNetwork, dt: float, spin: str = "held", gravity_m_s2: float = 9.81
+    ) -> None:
+        if spin not in ("held", "analytic"):
+            raise ValueError(f"spin: expected 'held' or 'analytic', got {spin!r}")
         super().__init__(model, dt=dt, gravity_m_s2=gravity_m_s2, compiled=False)
+        self.spin = spin
         self.network = network
         self.graph = network.graph
         z = self.graph.node_z.reshape(N_RODS, -1)
@@ -125,6 +134,9 @@ class LearnedEngine(Engine):
         axis = free.rotations[..., 2]
         omega = free.omega + d_omega
         omega = omega - (omega * axis).sum(-1, keepdim=True) * axis
+        if self.spin == "analytic":
+            _, contact_omega, _ = self._ground_contact(params, state, free.vel, free.omega, free.rotations, free.arms)
+            omega = omega + (contact_omega * axis).sum(-1, keepdim=True) * axis
         return self.finish(state, free, free.vel + d_vel, omega, None)
 
     def contact_velocity_change(self, params: Params, state: State, free: FreeMotion) -> torch.Tensor:
