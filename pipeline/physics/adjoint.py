@@ -37,6 +37,7 @@ from pipeline.physics.kernel import (
     _cross,
     _free_motion,
     _ground_impulses,
+    _quat_step,
     _step_env,
     _to_body,
     _to_world,
@@ -212,11 +213,7 @@ def _step_adjoint(
     for r in range(3):
         ox, oy, oz = out_omega[b, r, 0], out_omega[b, r, 1], out_omega[b, r, 2]
         qw, qx, qy, qz = quat[b, r, 0], quat[b, r, 1], quat[b, r, 2], quat[b, r, 3]
-        nw = qw + half * (-ox * qx - oy * qy - oz * qz)
-        nx = qx + half * (ox * qw + oy * qz - oz * qy)
-        ny = qy + half * (oy * qw + oz * qx - ox * qz)
-        nz = qz + half * (oz * qw + ox * qy - oy * qx)
-        norm = math.sqrt(nw * nw + nx * nx + ny * ny + nz * nz)
+        nw, nx, ny, nz, norm = _quat_step(quat[b, r], ox, oy, oz, half)
         nw, nx, ny, nz = nw / norm, nx / norm, ny / norm, nz / norm
         along = nw * g_quat[r, 0] + nx * g_quat[r, 1] + ny * g_quat[r, 2] + nz * g_quat[r, 3]
         hw, hx = (g_quat[r, 0] - nw * along) / norm, (g_quat[r, 1] - nx * along) / norm

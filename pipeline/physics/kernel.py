@@ -324,13 +324,7 @@ def _step_env(
             out_pos[b, r, j] = pos[b, r, j] + v2[r, j] * dt
             out_vel[b, r, j] = v2[r, j]
             out_omega[b, r, j] = w2[r, j]
-        ox, oy, oz = w2[r, 0], w2[r, 1], w2[r, 2]
-        qw, qx, qy, qz = quat[b, r, 0], quat[b, r, 1], quat[b, r, 2], quat[b, r, 3]
-        nw = qw + 0.5 * dt * (-ox * qx - oy * qy - oz * qz)
-        nx = qx + 0.5 * dt * (ox * qw + oy * qz - oz * qy)
-        ny = qy + 0.5 * dt * (oy * qw + oz * qx - ox * qz)
-        nz = qz + 0.5 * dt * (oz * qw + ox * qy - oy * qx)
-        norm = math.sqrt(nw * nw + nx * nx + ny * ny + nz * nz)
+        nw, nx, ny, nz, norm = _quat_step(quat[b, r], w2[r, 0], w2[r, 1], w2[r, 2], 0.5 * dt)
         out_quat[b, r, 0], out_quat[b, r, 1] = nw / norm, nx / norm
         out_quat[b, r, 2], out_quat[b, r, 3] = ny / norm, nz / norm
         _rotation(out_quat[b, r], new_rot[r])
@@ -344,6 +338,19 @@ def _step_env(
     for r in range(3):
         out_pos[b, r, 2] += lift[r]
     _rod_separation(b, out_pos, new_rot, gap, pair_rods, pair_z, pair_reach, margin, sweeps, vectors)
+
+
+@numba.njit(cache=True, _nrt=False, fastmath={"contract"}, inline="always")
+def _quat_step(q: np.ndarray, ox: float, oy: float, oz: float, half: float) -> tuple[float, float, float, float, float]:
+    """The quaternion ``q`` (w, x, y, z) moved by angular velocity (``ox``, ``oy``, ``oz``) over a
+    step of ``2 half`` s before its normalisation, ``n = q + half (0, w) q``, and the norm of ``n``
+    (the step's orientation is ``n / |n|``)."""
+    qw, qx, qy, qz = q[0], q[1], q[2], q[3]
+    nw = qw + half * (-ox * qx - oy * qy - oz * qz)
+    nx = qx + half * (ox * qw + oy * qz - oz * qy)
+    ny = qy + half * (oy * qw + oz * qx - ox * qz)
+    nz = qz + half * (oz * qw + ox * qy - oy * qx)
+    return nw, nx, ny, nz, math.sqrt(nw * nw + nx * nx + ny * ny + nz * nz)
 
 
 @numba.njit(cache=True, _nrt=False, fastmath={"contract"}, inline="always")
