@@ -135,6 +135,31 @@ def test_features_have_their_documented_sizes(default_configs, model, graph) -> 
     torch.testing.assert_close(graph_features["node"][0, :, 3:5].mean(0), torch.zeros(2, dtype=torch.float64))
 
 
+def test_the_message_passing_is_the_mlps_on_the_concatenated_edges(graph) -> None:
+    """The network splits each edge MLP's first layer by its input blocks (sender, receiver,
+    edge); its output must be that of the encode-process-decode network written out plainly: every
+    edge MLP applied to ``[sender, receiver, edge]`` (contact: ``[ground, node, edge]``)."""
+    torch.manual_seed(3)
+    network = ContactNetwork(graph, FEATURE_SIZES, latent=16, steps=2)
+    for p in network.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    counts = {"node": 21, "body": 36, "cable": 18, "contact": 21}
+    x = {k: torch.randn(4, counts[k], n) for k, n in FEATURE_SIZES.items()}
+    contact = torch.rand(4, 21) < 0.4
+    g, n = graph, network
+    h = {k: n.encoders[k](n.normalisers[k](v)) for k, v in x.items()}
+    nodes, body, cable, touch = h["node"], h["body"], h["cable"], h["contact"]
+    for edge, node in zip(n.edge_updates, n.node_updates, strict=True):
+        body = body + edge["body"](torch.cat([nodes[:, g.body_src], nodes[:, g.body_dst], body], -1))
+        cable = cable + edge["cable"](torch.cat([nodes[:, g.cable_src], nodes[:, g.cable_dst], cable], -1))
+        touch = touch + edge["contact"](torch.cat([n.ground.expand_as(nodes), nodes, touch], -1))
+        zero = torch.zeros_like(nodes)
+        sums = [zero.index_add(1, g.body_dst, body), zero.index_add(1, g.cable_dst, cable), touch * contact[..., None]]
+        nodes = nodes + node(torch.cat([nodes, *sums], -1))
+    plain = n.target.inverse(n.decoder(nodes))
+    torch.testing.assert_close(network(x, contact), plain, rtol=1e-5, atol=1e-5)  # float32 rounding
+
+
 def test_states_along_a_trajectory(default_configs, model, graph) -> None:
     """Velocities are the finite differences of the rod centres over the last tick; the rest
     lengths follow the commands through the motor model, the latency later."""
@@ -312,7 +337,8 @@ def test_a_recording_becomes_a_trajectory_at_the_control_ticks(default_configs) 
 
 def test_no_rollout_window_spans_a_gap_of_the_recording(default_configs) -> None:
     """Ticks inside a recording's gap are interpolated, not data: the windows leave them out, and
-    the ticks on either side (a start's velocity, a window's last target) too."""
+    the ticks on either side (a start's velocity, a window's last target) too; windows that tile
+    the trajectory (the validation's) neither overlap nor leave a clean window uncovered."""
     from pipeline.learned.data import StatesAlong, recording_trajectory
     from pipeline.physics.engine import State
     from pipeline.sysid.data import Recording
@@ -339,3 +365,7 @@ def test_no_rollout_window_spans_a_gap_of_the_recording(default_configs) -> None
         assert not np.any((lost >= first - 1) & (lost <= first + length))
     clean = [f for f in range(1, T - length) if not np.any((lost >= f - 1) & (lost <= f + length))]
     assert sorted(firsts.tolist()) == clean
+    tiles = windows([along], length, stride=length).control[:, 0, 0].long().tolist()
+    assert set(tiles) <= set(clean) and tiles[0] == clean[0]
+    assert np.all(np.diff(tiles) >= length)  # no two tiles overlap
+    assert all(min(abs(f - t) for t in tiles) < length for f in clean)  # and no clean window is left uncovered

@@ -252,9 +252,12 @@ def _motor_model(
     return torch.cat(rests), torch.cat(speeds)
 
 
-def windows(trajectories: list[StatesAlong], length: int) -> Windows:
-    """Every window of ``length`` ticks that starts at a tick with a velocity (the second on) and
-    touches no lost tick (its start's velocity, its steps and its targets all from data)."""
+def windows(trajectories: list[StatesAlong], length: int, stride: int = 1) -> Windows:
+    """The windows of ``length`` ticks that start at a tick with a velocity (the second on) and
+    touch no lost tick (their start's velocity, steps and targets all from data): every one
+    (``stride`` 1), or along each trajectory the first and then each next one that starts at least
+    ``stride`` ticks after the last taken (``stride == length``: windows that tile the trajectory,
+    each tick predicted once)."""
     starts, controls, targets = [], [], []
     for along in trajectories:
         n = len(along.applied)
@@ -263,6 +266,8 @@ def windows(trajectories: list[StatesAlong], length: int) -> Windows:
             lost = np.r_[0, np.cumsum(along.lost)]  # lost ticks before each index
             spans = first.numpy()
             first = first[torch.as_tensor(lost[spans + length + 1] - lost[spans - 1] == 0)]
+        if stride > 1:
+            first = first[torch.as_tensor(_spaced(first.numpy(), stride))]
         if not len(first):
             continue
         ticks = first[:, None] + torch.arange(length)[None]
@@ -273,3 +278,14 @@ def windows(trajectories: list[StatesAlong], length: int) -> Windows:
         names = ", ".join(a.name for a in trajectories) or "none"
         raise DataError(f"no trajectory is longer than {length + 1} ticks (trajectories: {names})")
     return Windows(State.concat(starts), torch.cat(controls), torch.cat(targets))
+
+
+def _spaced(starts: np.ndarray, stride: int) -> np.ndarray:
+    """Indices into the increasing ``starts`` of the first and of each next start at least
+    ``stride`` after the last one kept."""
+    kept, last = [], None
+    for i, start in enumerate(starts):
+        if last is None or start - last >= stride:
+            kept.append(i)
+            last = start
+    return np.asarray(kept, dtype=np.int64)

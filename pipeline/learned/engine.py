@@ -43,7 +43,7 @@ FEATURE_SIZES = {"node": 9, "body": 8, "cable": 14, "contact": 7}
 def node_velocities(graph: RobotGraph, vel: torch.Tensor, omega: torch.Tensor, arms: torch.Tensor) -> torch.Tensor:
     """Velocities (B, N, 3) of the nodes with lever ``arms`` (B, N, 3) of rods moving with ``vel``,
     ``omega`` (B, 3, 3)."""
-    return vel[:, graph.node_rod] + cross(omega[:, graph.node_rod], arms)
+    return vel.index_select(1, graph.node_rod) + cross(omega.index_select(1, graph.node_rod), arms)
 
 
 def features(
@@ -69,21 +69,21 @@ def features(
     batch = state.batch_size
     rotations = free.rotations
     nodes = g.node_positions(state.pos, rotations)
-    arms = nodes - state.pos[:, g.node_rod]
+    arms = nodes - state.pos.index_select(1, g.node_rod)
     v = node_velocities(g, state.vel, state.omega, arms)
     v_free = node_velocities(g, free.vel, free.omega, arms)
     clearance = g.clearance(nodes)
     per_node = torch.stack([g.node_inv_mass, g.node_radius], -1).expand(batch, -1, -1)
     node = torch.cat([v, v_free - v, clearance[..., None], per_node], -1)
 
-    d = nodes[:, g.body_dst] - nodes[:, g.body_src]
+    d = nodes.index_select(1, g.body_dst) - nodes.index_select(1, g.body_src)
     undeformed = torch.zeros_like(d)
     undeformed[..., 2] = g.node_z[g.body_dst] - g.node_z[g.body_src]
     body = torch.cat([d, d.norm(dim=-1, keepdim=True), undeformed, undeformed.norm(dim=-1, keepdim=True)], -1)
 
-    d = nodes[:, g.cable_dst] - nodes[:, g.cable_src]
+    d = nodes.index_select(1, g.cable_dst) - nodes.index_select(1, g.cable_src)
     length = d.norm(dim=-1, keepdim=True)
-    relative = v[:, g.cable_dst] - v[:, g.cable_src]
+    relative = v.index_select(1, g.cable_dst) - v.index_select(1, g.cable_src)
     cable = g.cable_of_edge
     actuated = cable < N_ACTUATED
     rest = torch.where(
@@ -151,7 +151,7 @@ class LearnedEngine(Engine):
         node velocities fit ``node_change`` (B, N, 3) best in least squares, with no change of the
         spin about the rod's axis (nodes on the axis do not show it)."""
         batch = node_change.shape[0]
-        per_rod = rotations[:, self.graph.node_rod]  # (B, N, 3, 3)
+        per_rod = rotations.index_select(1, self.graph.node_rod)  # (B, N, 3, 3)
         body = self._to_body(per_rod, node_change).reshape(batch, N_RODS, -1, 3)
         mean = body.mean(2)
         slope = (body * self._z_weight[None, :, :, None]).sum(2)  # d(change)/dz per rod, body frame

@@ -101,8 +101,8 @@ class RobotGraph:
     def node_positions(self, pos: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
         """World positions (B, N, 3) of the nodes of rods at ``pos`` (B, 3, 3) with rotation
         matrices ``rotations`` (B, 3, 3, 3) (columns: the body axes in the world)."""
-        axis = rotations[:, self.node_rod, :, 2]
-        return pos[:, self.node_rod] + self.node_z[None, :, None] * axis
+        axis = rotations[..., 2].index_select(1, self.node_rod)
+        return pos.index_select(1, self.node_rod) + self.node_z[None, :, None] * axis
 
     def clearance(self, nodes: torch.Tensor) -> torch.Tensor:
         """Height (B, N) m of each node's sphere above the ground (negative: into it)."""

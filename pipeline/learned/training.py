@@ -8,8 +8,10 @@ changes the network must produce (so the loss reads as a velocity-change error i
 spread, whatever the step). The curriculum trains rollouts of 1, 2, 4, 8 ticks in turn (config),
 each phase with its own learning rate. Every batch is turned about the vertical by a random angle
 (the physics does not care which way the robot faces) and its start states are jittered by a
-little noise (:func:`jittered`). The validation loss is that of the longest length, after
-every epoch, and the weights of the best epoch are kept.
+little noise (:func:`jittered`). The validation loss is that of the longest length over windows
+that tile the validation trajectories (each tick predicted once; overlapping windows would cost
+as many rollouts as the window is long and tell little more), after every epoch, and the weights
+of the best epoch are kept.
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ def train(
     network = engine.network
     if fit_statistics:
         fit_normalisers(engine, params, windows(train_data, 1), tick_s)
-    longest = windows(validation_data, max(curriculum.lengths))
+    longest = windows(validation_data, max(curriculum.lengths), stride=max(curriculum.lengths))
     history: list[Epoch] = []
     best: Epoch | None = None
     best_state = copy.deepcopy(network.state_dict())

@@ -684,8 +684,8 @@ class Engine:
         """Upward translation (B, 3, 3) of each rod that lifts its lowest contact point to its
         time-of-impact height (0 for resting contacts)."""
         m = self.model
-        arm = self._to_world(rotations[:, self._contact_rod], self._contact_local)
-        height = pos[:, self._contact_rod, 2] + arm[..., 2] - m.contact_radius
+        arm = self._to_world(rotations.index_select(1, self._contact_rod), self._contact_local)
+        height = pos[..., 2].index_select(1, self._contact_rod) + arm[..., 2] - m.contact_radius
         deficit = (target_height - height).clamp(min=0.0)
         lift = (deficit[..., None] * m.contact_incidence).amax(dim=1)
         return torch.stack([torch.zeros_like(lift), torch.zeros_like(lift), lift], dim=-1)
