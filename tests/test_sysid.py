@@ -27,7 +27,7 @@ from pipeline.sysid.losses import KeyFrameLoss, LossValue, Population, make_loss
 from pipeline.sysid.parameters import ParameterSpace
 from pipeline.sysid.start_fit import COORDINATES, LeadIn, StartResiduals, difference, perturbed
 from pipeline.sysid.synthetic import engine_recording, exact_states
-from pipeline.sysid.validate import replay, split_holdout
+from pipeline.sysid.validate import replay, replay_recordings, split_holdout
 from pipeline.sysid.windows import WindowStarts, run_windows
 from pipeline.truth import twin_true_params
 
@@ -433,11 +433,12 @@ def test_truth_holdout_replays_the_twins_own_values_on_the_held_out_gaits(
     data = SysidData(default_configs.robot, {slow_motor_data.name: slow_motor_data}, gaits, fit, held)
     calls = []
 
-    def spied(engine, params, robot, recording, own, *args):
+    def spied(engine, params, robot, held_out, *args):
+        [(_, own, _)] = held_out.values()
         calls.append((params, robot, own))
-        return replay(engine, params, robot, recording, own, *args)
+        return replay_recordings(engine, params, robot, held_out, *args)
 
-    monkeypatch.setattr(heldout, "replay", spied)
+    monkeypatch.setattr(heldout, "replay_recordings", spied)
     figures = truth_holdout(configs, data, before_mm=50.0)
     [(params, robot, own)] = calls
     twin = default_configs.twin
@@ -739,8 +740,8 @@ def test_fitted_starts_carry_the_lead_ins_and_lower_the_key_frame_error(engine, 
 def test_gaits_that_do_not_start_the_recording_begin_with_a_lead_in(engine, default_configs) -> None:
     """Held-out gaits are a recording's last ones: the robot is moving where the first of them
     starts, so that chunk starts with a lead-in like every later one. Only a chunk that starts at
-    the recording's first sample (the robot at rest) has none. A ``lead`` gait heads the first
-    chunk, so that the first of the gaits is scored, even where every chunk is one gait long."""
+    the recording's first sample (the robot at rest) has none. A gait of ``leads`` heads its
+    recording's first chunk, so that the first of the gaits is scored, even where every chunk is one gait long."""
     robot = default_configs.robot
     truth = Params.from_robot(robot)
     data = engine_recording(engine, truth, robot, random_policy(robot, 8, seed=2).targets)
@@ -751,7 +752,7 @@ def test_gaits_that_do_not_start_the_recording_begin_with_a_lead_in(engine, defa
     assert not whole.lead_in[0] and whole.lead_in[1:].all()
     assert later.chunks[0][0] is gaits[3] and later.lead_in.all()
     short = {"loss.chunk_s": 0.05}  # shorter than any gait: one gait per chunk
-    led = KeyFrameLoss(engine, robot, {data.name: data}, gaits[3:], truth, config.updated(short), gaits[2])
+    led = KeyFrameLoss(engine, robot, {data.name: data}, gaits[3:], truth, config.updated(short), [gaits[2]])
     assert [len(c) for c in led.chunks[:2]] == [2, 1] and led.chunks[0][0] is gaits[2] and led.chunks[0][1] is gaits[3]
     assert led.lead_in.all() and not led.scored[0] and led.scored[1]
 
@@ -785,6 +786,30 @@ def test_replay_runs_the_gait_before_the_held_out_ones_as_their_lead_in(
         assert fitted.chunks[0][0].index == held[0].index and fitted.scored.all()
         assert fitted.starts.t_s[0] == held[0].start_s
         assert score.gaits == len(held) and np.isfinite(score.final_com_error_m)
+
+
+def test_recordings_replayed_together_score_as_each_alone(engine, slow_motor_data, default_configs) -> None:
+    """The held-out gaits of several recordings replay as one engine batch (key frames and the
+    lead-ins' start fits); each recording's figures are those of its own replay, whatever the
+    others hold (here a copy of the recording with fewer held-out gaits, so another lead-in)."""
+    robot = default_configs.robot
+    config = SysidConfig().updated({"dt_s": DT, "loss.chunk_s": 2.0, "start_fit.iterations": 2})
+    gaits = split_gaits(slow_motor_data, robot, 8.0)
+    other = dataclasses.replace(slow_motor_data, name="other")
+    held = {
+        slow_motor_data.name: (slow_motor_data, gaits[-3:], 8.0),
+        "other": (other, [dataclasses.replace(g, recording="other") for g in gaits[-2:]], 8.0),
+    }
+    truth = Params.from_robot(robot, motor_speed=0.5)
+    together = replay_recordings(engine, truth, robot, held, config)
+    assert list(together) == list(held)
+    for name, (recording, own, timeout) in held.items():
+        alone = replay(engine, truth, robot, recording, own, config, timeout)
+        assert together[name].recording == name and together[name].gaits == len(own)
+        for figure in ("key_frame_error_m", "key_frame_error_median_m", "final_com_error_m", "final_heading_error_deg"):
+            assert getattr(together[name], figure) == pytest.approx(getattr(alone, figure), rel=1e-9), figure
+        np.testing.assert_allclose(together[name].engine_caps_m, alone.engine_caps_m, rtol=0, atol=1e-12)
+    assert together["other"].key_frame_error_m != together[slow_motor_data.name].key_frame_error_m
 
 
 def test_staged_identification_refits_the_starts_at_its_estimate(

@@ -2,7 +2,7 @@
 last of each recording held out, and the engine replayed on the held-out gaits.
 
 :func:`split_recordings` makes the split (:class:`SysidData`); :func:`replay_held_out` replays
-one parameter set on each recording's held-out gaits (:mod:`pipeline.sysid.validate`), and
+one parameter set on every recording's held-out gaits (:mod:`pipeline.sysid.validate`), and
 :func:`mean_replay_metrics` averages its figures over the recordings.
 """
 
@@ -16,7 +16,7 @@ from pipeline.config import LoadedConfigs, RobotConfig
 from pipeline.errors import DataError
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.sysid.data import Gait, Recording, split_gaits
-from pipeline.sysid.validate import Replay, replay, split_holdout
+from pipeline.sysid.validate import Replay, replay_recordings, split_holdout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +64,11 @@ def replay_held_out(
     if engine is None:
         engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s, compiled=configs.pipeline.engine.compiled)
     timeout_s = configs.pipeline.collect.segment_timeout_s
-    replays = {}
-    for name, own in data.held_out().items():
-        recording = data.recordings[name]
-        replays[name] = replay(engine, params, robot, recording, own, config, recording.timeout_or(timeout_s))
-    return replays
+    held = {
+        name: (data.recordings[name], own, data.recordings[name].timeout_or(timeout_s))
+        for name, own in data.held_out().items()
+    }
+    return replay_recordings(engine, params, robot, held, config) if held else {}
 
 
 def mean_replay_metrics(replays: dict[str, Replay], prefix: str) -> dict[str, float]:

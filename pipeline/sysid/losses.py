@@ -20,6 +20,7 @@ by the tracking noise: a loss of 1 means a typical end-cap defect of one
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -111,9 +112,10 @@ class KeyFrameLoss:
     robot mid-way through a trajectory has; so the first gait of a chunk that does not start at the
     recording's first sample (where the robot is at rest) is a lead-in: run, but not scored. That
     holds for the first of the given gaits too, when earlier ones are not given (held-out gaits);
-    ``lead``, the gait before them, is then run first in their chunk as its lead-in, so that the
-    first of them is scored as well. :meth:`with_fitted_starts` fits the lead-in chunks' starts,
-    velocity included, to the data of their lead-ins and starts the chunks where the lead-ins end.
+    each of ``leads``, the gait before a recording's given ones, is then run first in that
+    recording's first chunk as its lead-in, so that the first of them is scored as well.
+    :meth:`with_fitted_starts` fits the lead-in chunks' starts, velocity included, to the data of
+    their lead-ins and starts the chunks where the lead-ins end.
     """
 
     name = "kfl"
@@ -126,14 +128,14 @@ class KeyFrameLoss:
         gaits: list[Gait],
         params0: Params,
         config: SysidConfig,
-        lead: Gait | None = None,
+        leads: Sequence[Gait] = (),
     ) -> None:
         if not gaits:
             raise ValueError("the Key Frame Loss needs at least one gait")
         self.engine, self.robot, self.config, self.recordings = engine, robot, config, recordings
         self.tick_s = 1.0 / robot.pid.control_rate_hz
         chunks = plan_chunks(recordings, gaits, config.loss.chunk_s)
-        if lead is not None:
+        for lead in leads:
             k = next(i for i, chunk in enumerate(chunks) if chunk[0].recording == lead.recording)
             chunks[k] = [lead, *chunks[k]]
         self._use_chunks(

@@ -83,25 +83,78 @@ def replay(
 ) -> Replay:
     """Score ``params`` (one environment) on ``gaits`` (consecutive, of ``recording``; recorded
     with segment timeout ``segment_timeout_s``)."""
-    if not gaits:
-        raise ValueError(f"recording '{recording.name}': no held-out gaits to replay")
+    return replay_recordings(engine, params, robot, {recording.name: (recording, gaits, segment_timeout_s)}, config)[
+        recording.name
+    ]
+
+
+def replay_recordings(
+    engine: Engine,
+    params: Params,
+    robot: RobotConfig,
+    held: dict[str, tuple[Recording, list[Gait], float]],
+    config: SysidConfig,
+) -> dict[str, Replay]:
+    """:func:`replay` of each recording's gaits, by name: ``held`` maps a name to the recording,
+    its gaits (consecutive) and its segment timeout (s). The key frames of every recording run as
+    one engine batch (their lead-ins' start fits too: one batch of every lead-in and coordinate
+    per Levenberg-Marquardt step, each row's fit its own), the open-loop rollouts one recording
+    at a time."""
+    for name, (_, gaits, _) in held.items():
+        if not gaits:
+            raise ValueError(f"recording '{name}': no held-out gaits to replay")
+    recordings = {name: recording for name, (recording, _, _) in held.items()}
+    leads = [_lead_in(recording, robot, gaits, timeout) for recording, gaits, timeout in held.values()]
     keyframes = KeyFrameLoss(
         engine,
         robot,
-        {recording.name: recording},
-        gaits,
+        recordings,
+        [g for _, gaits, _ in held.values() for g in gaits],
         params,
         config.updated({"loss.mask_filter": False}),
-        lead=_lead_in(recording, robot, gaits, segment_timeout_s),
+        leads=[lead for lead in leads if lead is not None],
     ).with_fitted_starts(params)
     with torch.no_grad():
         scored = keyframes(params)
-    cap_errors = scored.cap_errors_m[keyframes.scored]
+    of_gait = np.array([g.recording for g in keyframes.gaits])
+    first_chunk = {}
+    for k, chunk in enumerate(keyframes.chunks):
+        first_chunk.setdefault(chunk[0].recording, k)
+    return {
+        name: _replay_one(
+            engine,
+            params,
+            robot,
+            recording,
+            gaits,
+            timeout,
+            scored.cap_errors_m[keyframes.scored & (of_gait == name)],
+            keyframes.starts,
+            first_chunk[name],
+        )
+        for name, (recording, gaits, timeout) in held.items()
+    }
+
+
+def _replay_one(
+    engine: Engine,
+    params: Params,
+    robot: RobotConfig,
+    recording: Recording,
+    gaits: list[Gait],
+    segment_timeout_s: float,
+    cap_errors: np.ndarray,
+    chunk_starts: WindowStarts,
+    first: int,
+) -> Replay:
+    """One recording's :class:`Replay` from its key frames' end-cap errors ``cap_errors`` (K, 6)
+    and the open-loop rollout of ``gaits`` from chunk ``first`` of ``chunk_starts``."""
     rods = np.array(robot.topology.rods)
     per_rod = np.array([cap_errors[:, list(pair)].mean() for pair in rods])
-
-    first = keyframes.starts
-    starts = WindowStarts(first.state.index(slice(0, 1)), first.caps_m[:1], first.data_caps_m[:1], first.t_s[:1])
+    one = slice(first, first + 1)
+    starts = WindowStarts(
+        chunk_starts.state.index(one), chunk_starts.caps_m[one], chunk_starts.data_caps_m[one], chunk_starts.t_s[one]
+    )
     targets = torch.tensor(np.stack([g.target for g in gaits]))[None]
     with torch.no_grad():
         trace, finished_s = run_windows(
