@@ -369,3 +369,38 @@ def test_no_rollout_window_spans_a_gap_of_the_recording(default_configs) -> None
     assert set(tiles) <= set(clean) and tiles[0] == clean[0]
     assert np.all(np.diff(tiles) >= length)  # no two tiles overlap
     assert all(min(abs(f - t) for t in tiles) < length for f in clean)  # and no clean window is left uncovered
+
+
+def test_a_model_trained_on_twin_trajectories_beats_the_analytic_contact_on_held_out_ones(default_configs) -> None:
+    """Sim-to-sim in small (the full figures: ``benchmarks/learned_contact.py``): trained on a few
+    of the twin's trajectories, the learned contact predicts a held-out one's nodes 4 ticks ahead
+    better than the analytic contact, both engines running the robot config's values for their
+    analytic forces, as the pipeline's engines do before identification (the network absorbs what
+    the config gets wrong about the ground; the analytic contact cannot)."""
+    from pipeline.hardware.twin import MujocoTwin
+    from pipeline.learned.training import final_node_error_m, train
+    from pipeline.policies import random_policy
+    from pipeline.truth import twin_trajectory
+    from storage.contact_model import build_network
+
+    robot = default_configs.robot
+    torch.manual_seed(0)
+    twin = MujocoTwin(robot, default_configs.twin)
+    trajectories = [twin_trajectory(twin, random_policy(robot, 8, 200 + k), 10.0) for k in range(7)]
+    model, params = RobotModel.from_robot(robot), Params.from_robot(robot)
+    learn = default_configs.pipeline.learn.updated({"model.latent": 32})
+    curriculum = learn.pretrain.curriculum.updated(
+        {"lengths": [1, 2, 4], "epochs": [8, 4, 2], "learning_rates": [1e-3, 5e-4, 2.5e-4]}
+    )
+    network = build_network(model, learn.model)
+    learned = LearnedEngine(model, network, learn.model.dt_s, learn.model.spin)
+    along = [states_along(learned, params, network.graph, t, robot.pid.latency_s) for t in trajectories]
+    tick_s = 1.0 / robot.pid.control_rate_hz
+    train(learned, params, along[:5], along[5:6], tick_s, learn, curriculum)
+    held_out = windows(along[6:], 4)
+    analytic = Engine(model, dt=learn.model.dt_s)
+    learned_m = final_node_error_m(learned, params, held_out, network.graph, tick_s)
+    analytic_m = final_node_error_m(analytic, params, held_out, network.graph, tick_s)
+    # measured 2.1 against 2.7 mm (0.77); 0.9 asks for a clear win with room for CPUs that round
+    # the training differently
+    assert learned_m < 0.9 * analytic_m, (learned_m, analytic_m)

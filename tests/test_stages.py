@@ -142,6 +142,7 @@ def _other_values(value: object) -> list[object]:
             "all_step",
             "redeploy_and_random",
             "network",
+            "held",
             f"{value}-other",
         ]
     if isinstance(value, tuple) and value:
