@@ -62,6 +62,8 @@ SMALL_SYSID = {
 runs one step on two parameters, so friction keeps the search's profile range."""
 
 SMALL_LEARN = {
+    "learn.model.dt_s": 0.01,
+    "learn.model.spin": "held",
     "learn.model.latent": 8,
     "learn.model.message_passing_steps": 1,
     "learn.pretrain.random_policies": 2,
@@ -74,7 +76,8 @@ SMALL_LEARN = {
     "learn.fine_tune.epochs": [1],
     "learn.fine_tune.learning_rates": [1e-4],
 }
-"""A learned contact small enough for flow tests (what it learns is tested in test_learned.py)."""
+"""A learned contact small enough for flow tests, at half the default's steps (what it learns, and
+each spin, is tested in test_learned.py)."""
 
 SMALL_GAITS = {
     "gaits.search.depth": 2,

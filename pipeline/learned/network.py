@@ -16,6 +16,8 @@ rod node, masked by ``contact`` (B, N).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -30,6 +32,17 @@ class MLP(nn.Sequential):
         if norm:
             layers.append(nn.LayerNorm(n_out))
         super().__init__(*layers)
+
+    @property
+    def first(self) -> nn.Linear:
+        """The first linear layer."""
+        return self[0]
+
+    def after_first(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output for the first layer's output ``hidden`` (the rest of the layers on it)."""
+        for layer in itertools.islice(self, 1, None):
+            hidden = layer(hidden)
+        return hidden
 
 
 class Normaliser(nn.Module):
@@ -106,7 +119,7 @@ def _edge_step(
     computed per edge on a concatenated copy; the ground's term is a constant. Equal to the MLP
     on the concatenation up to rounding."""
     n = nodes.shape[-1]
-    first = {kind: update[kind][0] for kind in ("body", "cable", "contact")}
+    first = {kind: update[kind].first for kind in ("body", "cable", "contact")}
     w_body, w_cable, w_touch = (first[kind].weight for kind in ("body", "cable", "contact"))
     per_node = (
         nodes
@@ -127,6 +140,5 @@ def _edge_step(
     }
     edges = {"body": body, "cable": cable, "contact": touch}
     return tuple(  # type: ignore[return-value]
-        edges[kind] + update[kind][3](update[kind][2](torch.relu(hidden[kind])))
-        for kind in ("body", "cable", "contact")
+        edges[kind] + update[kind].after_first(hidden[kind]) for kind in ("body", "cable", "contact")
     )

@@ -95,15 +95,15 @@ def replay_recordings(
     held: dict[str, tuple[Recording, list[Gait], float]],
     config: SysidConfig,
 ) -> dict[str, Replay]:
-    """:func:`replay` of each recording's gaits, by name: ``held`` maps a name to the recording,
-    its gaits (consecutive) and its segment timeout (s). The key frames of every recording run as
-    one engine batch (their lead-ins' start fits too: one batch of every lead-in and coordinate
-    per Levenberg-Marquardt step, each row's fit its own), the open-loop rollouts one recording
-    at a time."""
+    """:func:`replay` of each recording's gaits: ``held`` maps a name to a recording (of that name),
+    its gaits (consecutive) and its segment timeout (s); the replays are keyed the same way. The
+    key frames of every recording run as one engine batch (their lead-ins' start fits too: one
+    batch of every lead-in and coordinate per Levenberg-Marquardt step, each row's fit its own),
+    the open-loop rollouts one recording at a time."""
     for name, (_, gaits, _) in held.items():
         if not gaits:
             raise ValueError(f"recording '{name}': no held-out gaits to replay")
-    recordings = {name: recording for name, (recording, _, _) in held.items()}
+    recordings = {recording.name: recording for recording, _, _ in held.values()}
     leads = [_lead_in(recording, robot, gaits, timeout) for recording, gaits, timeout in held.values()]
     keyframes = KeyFrameLoss(
         engine,
@@ -128,9 +128,9 @@ def replay_recordings(
             recording,
             gaits,
             timeout,
-            scored.cap_errors_m[keyframes.scored & (of_gait == name)],
+            scored.cap_errors_m[keyframes.scored & (of_gait == recording.name)],
             keyframes.starts,
-            first_chunk[name],
+            first_chunk[recording.name],
         )
         for name, (recording, gaits, timeout) in held.items()
     }
