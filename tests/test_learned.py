@@ -376,7 +376,8 @@ def test_a_model_trained_on_twin_trajectories_beats_the_analytic_contact_on_held
     of the twin's trajectories, the learned contact predicts a held-out one's nodes 4 ticks ahead
     better than the analytic contact, both engines running the robot config's values for their
     analytic forces, as the pipeline's engines do before identification (the network absorbs what
-    the config gets wrong about the ground; the analytic contact cannot)."""
+    the config gets wrong about the ground; the analytic contact cannot). A small network at
+    10 ms with the rods' rolls held, for speed: the defaults' figures are the benchmark's."""
     from pipeline.hardware.twin import MujocoTwin
     from pipeline.learned.training import final_node_error_m, train
     from pipeline.policies import random_policy
@@ -388,7 +389,7 @@ def test_a_model_trained_on_twin_trajectories_beats_the_analytic_contact_on_held
     twin = MujocoTwin(robot, default_configs.twin)
     trajectories = [twin_trajectory(twin, random_policy(robot, 8, 200 + k), 10.0) for k in range(7)]
     model, params = RobotModel.from_robot(robot), Params.from_robot(robot)
-    learn = default_configs.pipeline.learn.updated({"model.latent": 32})
+    learn = default_configs.pipeline.learn.updated({"model.latent": 32, "model.dt_s": 0.01, "model.spin": "held"})
     curriculum = learn.pretrain.curriculum.updated(
         {"lengths": [1, 2, 4], "epochs": [8, 4, 2], "learning_rates": [1e-3, 5e-4, 2.5e-4]}
     )
@@ -401,6 +402,6 @@ def test_a_model_trained_on_twin_trajectories_beats_the_analytic_contact_on_held
     analytic = Engine(model, dt=learn.model.dt_s)
     learned_m = final_node_error_m(learned, params, held_out, network.graph, tick_s)
     analytic_m = final_node_error_m(analytic, params, held_out, network.graph, tick_s)
-    # measured 2.1 against 2.7 mm (0.77); 0.9 asks for a clear win with room for CPUs that round
+    # measured 2.3 against 3.0 mm (0.77); 0.9 asks for a clear win with room for CPUs that round
     # the training differently
     assert learned_m < 0.9 * analytic_m, (learned_m, analytic_m)
