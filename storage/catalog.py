@@ -209,4 +209,4 @@ def learned_engine(learn_ref: Ref, robot: RobotConfig) -> LearnedEngine:
     """The hybrid engine of ``robot`` with the learn stage's contact network."""
     model = RobotModel.from_robot(robot)
     network, config, _ = load_contact_model(Path(learn_ref.path) / CONTACT_MODEL_FILE, model)
-    return LearnedEngine(model, network, config.dt_s, config.spin)
+    return LearnedEngine.of(model, network, config)

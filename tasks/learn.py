@@ -97,7 +97,7 @@ def pretrained_network(
     trajectories = pretraining_data(configs)
     params = Params.from_robot(configs.robot)
     network = build_network(model, learn.model)
-    engine = LearnedEngine(model, network, learn.model.dt_s, learn.model.spin)
+    engine = LearnedEngine.of(model, network, learn.model)
     along = [states_along(engine, params, network.graph, t, configs.robot.pid.latency_s) for t in trajectories]
     held = max(1, round(learn.validation_fraction * len(along)))
     tick_s = 1.0 / configs.robot.pid.control_rate_hz
@@ -144,7 +144,7 @@ def run_learn(configs: LoadedConfigs, iteration: int, data: SysidData) -> tuple[
         row.update(completed=0, total=sum(learn.fine_tune.epochs), description="learn fine-tuning")
         model = RobotModel.from_robot(robot)
         params = Params.from_robot(robot)
-        engine = LearnedEngine(model, network, learn.model.dt_s, learn.model.spin)
+        engine = LearnedEngine.of(model, network, learn.model)
         held = data.held_out()
         fit_parts, validation_parts = [], []
         for name, recording in data.recordings.items():

@@ -71,7 +71,7 @@ def test_rigid_fit_recovers_a_rigid_velocity_change(model, graph) -> None:
     """Node velocity changes of a rigid motion (without spin about the axis) come back exactly;
     a spin about the axis, which axis nodes cannot show, comes back as none."""
     network = ContactNetwork(graph, FEATURE_SIZES, latent=8, steps=1)
-    engine = LearnedEngine(model, network, dt=0.02)
+    engine = LearnedEngine(model, network, dt=0.02, spin="held")
     generator = torch.Generator().manual_seed(0)
     quat = torch.nn.functional.normalize(torch.randn(2, 3, 4, generator=generator, dtype=torch.float64), dim=-1)
     rotations = quat_to_matrix(quat)
@@ -255,7 +255,7 @@ def test_a_saved_model_loads_back_and_rolls_out_the_same(tmp_path, default_confi
         state = start
         with torch.no_grad():
             for _ in range(5):
-                state = LearnedEngine(model, net, dt=0.01).step(params, state, torch.full((1, 6), 0.5))
+                state = LearnedEngine(model, net, dt=0.01, spin="held").step(params, state, torch.full((1, 6), 0.5))
         runs.append(state.pos)
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], start.pos)
 
@@ -394,7 +394,7 @@ def test_a_model_trained_on_twin_trajectories_beats_the_analytic_contact_on_held
         {"lengths": [1, 2, 4], "epochs": [8, 4, 2], "learning_rates": [1e-3, 5e-4, 2.5e-4]}
     )
     network = build_network(model, learn.model)
-    learned = LearnedEngine(model, network, learn.model.dt_s, learn.model.spin)
+    learned = LearnedEngine.of(model, network, learn.model)
     along = [states_along(learned, params, network.graph, t, robot.pid.latency_s) for t in trajectories]
     tick_s = 1.0 / robot.pid.control_rate_hz
     train(learned, params, along[:5], along[5:6], tick_s, learn, curriculum)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.config import ContactModelConfig
 from pipeline.learned.graph import RobotGraph
 from pipeline.learned.network import ContactNetwork
 from pipeline.physics.engine import Engine, FreeMotion, State, cross
@@ -114,7 +115,7 @@ class LearnedEngine(Engine):
     ``"analytic"`` (step 3 above). Steps are never compiled (the network runs eagerly)."""
 
     def __init__(
-        self, model: RobotModel, network: ContactNetwork, dt: float, spin: str = "held", gravity_m_s2: float = 9.81
+        self, model: RobotModel, network: ContactNetwork, dt: float, spin: str, gravity_m_s2: float = 9.81
     ) -> None:
         if spin not in ("held", "analytic"):
             raise ValueError(f"spin: expected 'held' or 'analytic', got {spin!r}")
@@ -126,6 +127,11 @@ class LearnedEngine(Engine):
         centred = z - z.mean(-1, keepdim=True)
         self._z_mean = z.mean(-1)  # (3,) per rod
         self._z_weight = centred / (centred**2).sum(-1, keepdim=True)  # (3, P): least-squares slope weights
+
+    @classmethod
+    def of(cls, model: RobotModel, network: ContactNetwork, config: ContactModelConfig) -> LearnedEngine:
+        """The engine of ``model`` with ``network`` at the step and spin of ``config`` (``learn.model``)."""
+        return cls(model, network, config.dt_s, config.spin)
 
     def advance(self, params: Params, state: State, control: torch.Tensor) -> State:
         free = self.free_motion(params, state, control)
