@@ -41,13 +41,14 @@ from pipeline.hardware.twin import MujocoTwin
 from pipeline.learned.data import StatesAlong, Trajectory, states_along, windows
 from pipeline.learned.engine import LearnedEngine
 from pipeline.learned.graph import RobotGraph
+from pipeline.learned.simulated import mujoco_trajectory
 from pipeline.learned.training import final_node_error_m, train
 from pipeline.metrics import rollout_errors
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.physics.rollout import run_commands
 from pipeline.policies import gait_policy, random_policy
 from pipeline.published_gaits import PUBLISHED_GAITS
-from pipeline.truth import twin_trajectory, twin_true_model, twin_true_params
+from pipeline.truth import twin_true_model, twin_true_params
 from storage.contact_model import build_network
 
 WINDOW_TICKS = 8
@@ -123,7 +124,7 @@ def main() -> None:
     twin = MujocoTwin(robot, configs.twin)
     policies = [random_policy(robot, args.targets, 100 + k) for k in range(args.random)]
     policies += [gait_policy(robot, name, args.cycles) for name in PUBLISHED_GAITS]
-    trajectories = [twin_trajectory(twin, p, configs.pipeline.redeploy.segment_timeout_s) for p in policies]
+    trajectories = [mujoco_trajectory(twin, p, configs.pipeline.redeploy.segment_timeout_s) for p in policies]
     data_s = time.perf_counter() - began
     order = np.random.default_rng(0).permutation(len(trajectories))
     n_val = n_test = max(1, len(order) // 4)

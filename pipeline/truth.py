@@ -4,31 +4,19 @@ No stage computes with the twin's truth: the functions here exist so that evalua
 score identified values against it (:func:`truth_errors`), replay the twin's own values on the
 held-out gaits as the reference for identification (:func:`truth_holdout`), and so that tests
 and benchmarks can put the engine on the twin's values where the two models share them
-(:func:`twin_true_params`, :func:`twin_true_model`, :func:`truth_engine`) and record the
-twin's true motion (:func:`twin_trajectory`).
+(:func:`twin_true_params`, :func:`twin_true_model`, :func:`truth_engine`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
 import torch
 
 from pipeline.config import LoadedConfigs, RobotConfig, TwinConfig
 from pipeline.errors import ConfigError
-from pipeline.hardware.base import GroundTruthPacket, SensorPacket, StartPose
-from pipeline.learned.data import Trajectory
 from pipeline.physics.model import RobotModel
 from pipeline.physics.params import Params
-from pipeline.physics.rotations import quat_to_matrix
-from pipeline.policies import Policy
-from pipeline.robot_model import rod_rolls
 from pipeline.sysid.heldout import SysidData, mean_replay_metrics, reduction_pct, replay_held_out
 from pipeline.sysid.latency import with_latency
-
-if TYPE_CHECKING:
-    from pipeline.hardware.twin import MujocoTwin
 
 
 def twin_true_params(
@@ -111,29 +99,3 @@ def truth_holdout(configs: LoadedConfigs, data: SysidData, before_mm: float) -> 
             before_mm, out["holdout.truth.key_frame_error_mm"]
         )
     return out
-
-
-def twin_trajectory(
-    twin: MujocoTwin, policy: Policy, segment_timeout_s: float, start: StartPose | None = None
-) -> Trajectory:
-    """``policy`` run on ``twin`` from ``start`` (default: its rest pose), as the twin's true end
-    caps and rods' rolls, the commands and the winch angles at every control tick (no camera
-    frames)."""
-    twin.reset(start)
-    caps, quats, commands, angles = [], [], [], []
-    for packet in twin.execute(policy, segment_timeout_s, record_frames=False):
-        if isinstance(packet, SensorPacket):
-            commands.append(packet.control)
-            angles.append(packet.motor_rad)
-        elif isinstance(packet, GroundTruthPacket):
-            caps.append(packet.caps_m)
-            quats.append(packet.rod_quat)
-    caps_m = np.stack(caps)
-    return Trajectory(
-        name=f"twin:{policy.policy_id}",
-        caps_m=caps_m,
-        control=np.stack(commands),
-        tick_s=1.0 / twin.robot.pid.control_rate_hz,
-        rolls_rad=rod_rolls(twin.robot, caps_m, quat_to_matrix(torch.as_tensor(np.stack(quats))).numpy()),
-        motor_rad=np.stack(angles),
-    )

@@ -1,8 +1,9 @@
 """The ``learn`` stage: the graph-network ground contact of the hybrid engine.
 
-:func:`pretrained_network` trains the network on the analytic engine's own rollouts with the robot
-config's values (random policies and the published gaits, :mod:`pipeline.learned.simulated`):
-the model never sees the twin except through tracking. The pre-trained file is cached under
+:func:`pretrained_network` trains the network on simulated rollouts with the robot config's values
+(random policies and the published gaits, :mod:`pipeline.learned.simulated`), in the analytic
+engine or on a MuJoCo model of the robot config: the model never sees the twin except through
+tracking. The pre-trained file is cached under
 ``runs/pretrained/`` by the robot config and the ``learn`` section, and every campaign in the runs
 folder reuses it. :func:`run_learn` fine-tunes it on the tracked recordings of this iteration and
 the earlier ones (the same data as sysid), with the identified robot driving the analytic forces,
@@ -27,7 +28,7 @@ from pipeline.config import LoadedConfigs, config_hash
 from pipeline.learned.data import Trajectory, recording_trajectory, states_along
 from pipeline.learned.engine import LearnedEngine
 from pipeline.learned.network import ContactNetwork
-from pipeline.learned.simulated import engine_trajectories
+from pipeline.learned.simulated import engine_trajectories, mujoco_trajectory, robot_config_twin
 from pipeline.learned.training import Epoch, TrainingResult, train
 from pipeline.physics import Engine, Params, RobotModel
 from pipeline.policies import gait_policy, random_policy
@@ -70,18 +71,30 @@ def pretrain_path(configs: LoadedConfigs) -> Path:
     return RunLayout.of(configs).runs_dir / "pretrained" / f"contact-{key}.safetensors"
 
 
+PRETRAINED_ON = {
+    "analytic": "the analytic engine's rollouts with the robot config's values",
+    "mujoco": "rollouts of a MuJoCo model of the robot config (MuJoCo's default torsional and rolling friction)",
+}
+"""What the pre-training data were, by ``learn.pretrain.source``: logged with the model."""
+
+
 def pretraining_data(configs: LoadedConfigs) -> list[Trajectory]:
-    """The analytic engine's rollouts with the robot config's values: the random policies and the
-    published gaits of ``learn.pretrain`` (seeds counted from ``learn.seed``)."""
+    """The random policies and published gaits of ``learn.pretrain`` (seeds counted from
+    ``learn.seed``) run with the robot config's values in the analytic engine, or on a MuJoCo model
+    of the robot config (``learn.pretrain.source``)."""
     robot = configs.robot
     pretrain = configs.pipeline.learn.pretrain
     seed = configs.pipeline.learn.seed
+    timeout_s = configs.pipeline.redeploy.segment_timeout_s
     policies = [random_policy(robot, pretrain.targets, seed + k) for k in range(pretrain.random_policies)]
     policies += [gait_policy(robot, name, pretrain.gait_cycles) for name in PUBLISHED_GAITS]
+    if pretrain.source == "mujoco":
+        from pipeline.hardware.twin import MujocoTwin
+
+        mujoco_robot = MujocoTwin(robot, robot_config_twin(robot, seed))
+        return [mujoco_trajectory(mujoco_robot, policy, timeout_s) for policy in policies]
     engine = Engine(RobotModel.from_robot(robot), dt=pretrain.engine_dt_s, compiled=configs.pipeline.engine.compiled)
-    return engine_trajectories(
-        engine, Params.from_robot(robot), robot, policies, configs.pipeline.redeploy.segment_timeout_s
-    )
+    return engine_trajectories(engine, Params.from_robot(robot), robot, policies, timeout_s)
 
 
 def pretrained_network(
@@ -103,7 +116,7 @@ def pretrained_network(
     tick_s = 1.0 / configs.robot.pid.control_rate_hz
     result = train(engine, params, along[held:], along[:held], tick_s, learn, learn.pretrain.curriculum, True, progress)
     metadata: dict[str, object] = {
-        "pretrained_on": "the analytic engine's rollouts with the robot config's values",
+        "pretrained_on": PRETRAINED_ON[learn.pretrain.source],
         "pretrain_trajectories": len(trajectories),
         "pretrain_ticks": sum(len(t) for t in trajectories),
         "pretrain_seconds": sum(len(t) for t in trajectories) * tick_s,

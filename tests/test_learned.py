@@ -379,15 +379,15 @@ def test_a_model_trained_on_twin_trajectories_beats_the_analytic_contact_on_held
     the config gets wrong about the ground; the analytic contact cannot). A small network at
     10 ms with the rods' rolls held, for speed: the defaults' figures are the benchmark's."""
     from pipeline.hardware.twin import MujocoTwin
+    from pipeline.learned.simulated import mujoco_trajectory
     from pipeline.learned.training import final_node_error_m, train
     from pipeline.policies import random_policy
-    from pipeline.truth import twin_trajectory
     from storage.contact_model import build_network
 
     robot = default_configs.robot
     torch.manual_seed(0)
     twin = MujocoTwin(robot, default_configs.twin)
-    trajectories = [twin_trajectory(twin, random_policy(robot, 8, 200 + k), 10.0) for k in range(7)]
+    trajectories = [mujoco_trajectory(twin, random_policy(robot, 8, 200 + k), 10.0) for k in range(7)]
     model, params = RobotModel.from_robot(robot), Params.from_robot(robot)
     learn = default_configs.pipeline.learn.updated({"model.latent": 32, "model.dt_s": 0.01, "model.spin": "held"})
     curriculum = learn.pretrain.curriculum.updated(
@@ -405,3 +405,36 @@ def test_a_model_trained_on_twin_trajectories_beats_the_analytic_contact_on_held
     # measured 2.3 against 3.0 mm (0.77); 0.9 asks for a clear win with room for CPUs that round
     # the training differently
     assert learned_m < 0.9 * analytic_m, (learned_m, analytic_m)
+
+
+def test_pretraining_on_a_mujoco_model_of_the_robot_config(default_configs) -> None:
+    """``learn.pretrain.source: mujoco`` simulates the pre-training policies on MuJoCo with the robot
+    config's values, never the twin's: the ground's friction is the config's (the twin's differs)
+    and the winches turn at most at the config's motor speed (the twin's motors are 19 % slower)."""
+    from pipeline.hardware.twin import MujocoTwin
+    from pipeline.learned.simulated import MUJOCO_ROLLING_FRICTION, MUJOCO_TORSIONAL_FRICTION, robot_config_twin
+    from tasks.learn import pretraining_data
+
+    robot, twin = default_configs.robot, default_configs.twin
+    assert robot.ground.friction != twin.ground.friction_sliding  # else the friction check below could not fail
+    configs = default_configs.updated(
+        {
+            "pipeline.learn.pretrain.source": "mujoco",
+            "pipeline.learn.pretrain.random_policies": 2,
+            "pipeline.learn.pretrain.targets": 6,
+            "pipeline.learn.pretrain.gait_cycles": 1,
+        }
+    )
+    mujoco_robot = MujocoTwin(robot, robot_config_twin(robot, seed=0))
+    expected = [robot.ground.friction, MUJOCO_TORSIONAL_FRICTION, MUJOCO_ROLLING_FRICTION]
+    np.testing.assert_allclose(mujoco_robot.model.geom_friction[mujoco_robot._cap_geoms], [expected] * 6)
+
+    trajectories = pretraining_data(configs)
+    assert [t.name.split(":")[0] for t in trajectories] == ["mujoco"] * 5  # 2 random policies, 3 published gaits
+    for t in trajectories:
+        assert t.rolls_rad is not None and t.motor_rad is not None and len(t.motor_rad) == len(t.caps_m)
+    winch_speed = max(float(np.abs(np.diff(t.motor_rad, axis=0)).max()) / t.tick_s for t in trajectories)
+    # full speed for at least a tick, and never faster: within 2 % of the config's (the twin's is 19 % lower)
+    assert winch_speed == pytest.approx(robot.motor.speed * robot.motor.omega_max_rad_s, rel=0.02)
+    rolled = trajectories[2]  # the published rolling gait rolls the robot along the ground
+    assert np.linalg.norm(rolled.caps_m[-1].mean(0)[:2] - rolled.caps_m[0].mean(0)[:2]) > 0.05

@@ -53,15 +53,23 @@ class CurriculumConfig(StrictModel):
 
 
 class PretrainConfig(StrictModel):
-    """Pre-training on the analytic engine's own rollouts with the robot config's values (cached
-    per robot config and learn config, shared by every campaign in the runs folder)."""
+    """Pre-training on simulated rollouts with the robot config's values (cached per robot config
+    and learn config, shared by every campaign in the runs folder)."""
 
+    source: Literal["analytic", "mujoco"] = Field(
+        default="analytic",
+        description="What simulates the pre-training data: the analytic engine, or a MuJoCo model of the robot "
+        "config (soft contact, MuJoCo's default torsional and rolling friction; the twin is MuJoCo too) "
+        "(docs/learned-contact.md).",
+    )
     random_policies: Annotated[int, Field(ge=2)] = Field(default=12, description="Random policies simulated.")
     targets: Annotated[int, Field(ge=1)] = Field(default=20, description="Targets of each random policy.")
     gait_cycles: Annotated[int, Field(ge=1)] = Field(
         default=3, description="Cycles of each published gait also simulated."
     )
-    engine_dt_s: Positive = Field(default=0.005, description="Step of the analytic engine that makes the data (s).")
+    engine_dt_s: Positive = Field(
+        default=0.005, description="Step of the analytic engine that makes the data (s; source 'analytic')."
+    )
     curriculum: CurriculumConfig = CurriculumConfig(epochs=(8, 4, 2, 1))
 
 
