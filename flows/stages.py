@@ -282,7 +282,7 @@ TABLE: tuple[Stage, ...] = (
         "evaluate",
         evaluate,
         inputs=("attach", "sysid", "learn", "gaits", "redeploy"),
-        version="5",
+        version="6",
         sections=("redeploy", "gaits", "hardware_backend", "hardware_config", ROBOT_FIELD),
         figures=(
             ("evaluate/gap.before.com_error_m", "sim-to-real gap {:.3f} m before"),

@@ -56,6 +56,8 @@ HEADLINE = {
     "evaluate/gap.after.heading_error_deg": "heading_gap_after_deg",
     "evaluate/gap.learned.com_error_m": "gap_learned_m",
     "evaluate/gap.learned.heading_error_deg": "heading_gap_learned_deg",
+    "evaluate/gap.truth.com_error_m": "gap_truth_m",
+    "evaluate/gap.truth.heading_error_deg": "heading_gap_truth_deg",
     "sysid/holdout.before.key_frame_error_mm": "heldout_before_mm",
     "sysid/holdout.after.key_frame_error_mm": "heldout_after_mm",
     "sysid/holdout.truth.key_frame_error_mm": "heldout_truth_mm",
@@ -66,7 +68,8 @@ HEADLINE = {
     "redeploy/repeatability.turning.rotation_deg_mean": "turning_rotation_real_deg",
 }
 """The figures that say whether an iteration worked, by their stage metric: the sim-to-real gap
-of the redeploy runs before and after identification (final centre of mass, m; heading, deg),
+of the redeploy runs before and after identification, in the learned engine and (on the twin)
+with the twin's own values (final centre of mass, m; heading, deg),
 the held-out key-frame error before, after and (on the twin) with the twin's own values (mm),
 the chosen policies' motion in the engine and on the robot; besides these, every identified
 value and, on the twin, its error against the truth (:data:`HEADLINE_PREFIXES`)."""

@@ -2,9 +2,11 @@
 iteration's summary.
 
 :func:`run_evaluate` replays every redeploy run from its tracked start in the analytic engine
-with the robot config's parameters ("before" sysid) and with the identified ones ("after"), and
-in the hybrid engine with the learn stage's contact network ("learned"), one batch per policy.
-The redeploy runs were never fitted, so this is the held-out gap. Per run and engine: final
+with the robot config's parameters ("before" sysid) and with the identified ones ("after"), in
+the hybrid engine with the learn stage's contact network ("learned"), and on the twin, as the
+reference, in the analytic engine with the twin's own values ("truth",
+:func:`pipeline.truth.truth_engine`: what the analytic model's structure allows), one batch per
+policy. The redeploy runs were never fitted, so this is the held-out gap. Per run and engine: final
 centre-of-mass error (m and % of rod length) and heading error (deg), sim vs real, and whether
 either execution folded the prism flat (``gap.parquet``), and a top view of the paths
 (``plots/<run>.png``). ``summary.md`` is the iteration at a glance: the gap per policy, the
@@ -31,7 +33,7 @@ from pipeline.physics.rollout import settle, state_from_caps
 from pipeline.plots import replay_paths
 from pipeline.progress import progress
 from pipeline.robot_model import heading_rad, wrapped_rad
-from pipeline.truth import truth_errors
+from pipeline.truth import truth_engine, truth_errors
 from storage.catalog import GAP_FILE, REPLAYS_FILE, SUMMARY_FILE, attached_robot, identified_robot, learned_engine
 from storage.files import atomic_write_bytes
 from storage.layout import Ref, RunLayout, read_manifest, write_manifest
@@ -41,10 +43,10 @@ from storage.tracking import StageContext, tracking_uri
 from storage.trajectory import CAP_COLS
 
 STAGE = "evaluate"
-ENGINES = ("before", "after", "learned")
+ENGINES = ("before", "after", "learned", "truth")
 """The engines each run is replayed in: the analytic engine with the robot config's parameters and
-with the identified ones, and the hybrid engine with the learn stage's contact and the identified
-parameters."""
+with the identified ones, the hybrid engine with the learn stage's contact and the identified
+parameters, and (on the twin only) the analytic engine with the twin's own values."""
 
 
 def _wrap_deg(angle_rad: float) -> float:
@@ -52,14 +54,15 @@ def _wrap_deg(angle_rad: float) -> float:
 
 
 def replay_runs(
-    engine: Engine, robot: RobotConfig, runs: list[Run], starts_m: np.ndarray, timeout_s: float
+    engine: Engine, robot: RobotConfig, one: Params, runs: list[Run], starts_m: np.ndarray, timeout_s: float
 ) -> list[np.ndarray]:
-    """``engine`` with ``robot``'s parameters running each run's policy from its tracked start
-    caps ``starts_m`` (R, 6, 3), one batch per policy; each run's end caps (T, 6, 3)."""
+    """``engine`` with the parameters ``one`` (one environment) and ``robot``'s PID running each
+    run's policy from its tracked start caps ``starts_m`` (R, 6, 3), one batch per policy; each
+    run's end caps (T, 6, 3)."""
     out: list[np.ndarray | None] = [None] * len(runs)
     for key in dict.fromkeys(r.policy_key for r in runs):
         rows = [i for i, r in enumerate(runs) if r.policy_key == key]
-        params = Params.from_robot(robot, batch=len(rows))
+        params = one.expand(len(rows))
         state = settle(
             engine, params, state_from_caps(engine, params, starts_m[rows]), robot.pid, np.ones(6), duration_s=1.0
         )
@@ -94,8 +97,8 @@ def gap_rows(runs: list[Run], real: list[np.ndarray], sims: dict[str, list[np.nd
     rows = []
     for i, run in enumerate(runs):
         real_motion = motion_in_start_frame(real[i])
-        for label in ENGINES:
-            sim = sims[label][i]
+        for label, replays in sims.items():
+            sim = replays[i]
             sim_motion = motion_in_start_frame(sim)
             com_error = float(np.linalg.norm(sim[-1].mean(0)[:2] - real[i][-1].mean(0)[:2]))
             rows.append(
@@ -145,7 +148,8 @@ def run_evaluate(
     redeploy_ref: Ref,
     mlflow: str = "",
 ) -> tuple[Ref, dict[str, float]]:
-    """Replay the redeploy runs before and after sysid and in the learned engine; write the gap
+    """Replay the redeploy runs before and after sysid, in the learned engine and (on the twin) with
+    the twin's own values; write the gap
     table, plots and summary
     (with ``mlflow``, a line naming the MLflow run, under its title).
     Returns the ref and the summary (gap figures)."""
@@ -162,13 +166,17 @@ def run_evaluate(
         "after": (Engine(RobotModel.from_robot(identified), dt=dt_s, compiled=compiled), identified),
         "learned": (learned_engine(learn_ref, identified), identified),
     }
+    params = {label: Params.from_robot(robot) for label, (_, robot) in engines.items()}
+    if configs.twin is not None:
+        true_robot, params["truth"] = truth_engine(configs, identified)
+        engines["truth"] = (Engine(RobotModel.from_robot(true_robot), dt=dt_s, compiled=compiled), true_robot)
     starts = np.stack([caps[0] for caps in real])
     timeout_s = configs.pipeline.redeploy.segment_timeout_s
     with progress("evaluate replays", len(engines), "engines", "{engine}", engine="") as row:
         sims = {}
         for label, (engine, robot) in engines.items():
             row.update(engine=f"{label}: {len(runs)} runs")
-            sims[label] = replay_runs(engine, robot, runs, starts, timeout_s)
+            sims[label] = replay_runs(engine, robot, params[label], runs, starts, timeout_s)
             row.advance()
     rows = gap_rows(runs, real, sims, configs.robot.rod.length_m)
     write_table(stage_dir / GAP_FILE, pa.Table.from_pylist(rows), {"stage": STAGE})
@@ -177,7 +185,7 @@ def run_evaluate(
         stage_dir / REPLAYS_FILE, replays_table(runs, [float(t[0]) for t, _ in tracked], sims, tick_s), {"stage": STAGE}
     )
     for i, run in enumerate(runs):
-        engine_caps = {f"engine {label}": sims[label][i] for label in ENGINES}
+        engine_caps = {f"engine {label}": replays[i] for label, replays in sims.items()}
         image = replay_paths(real[i], engine_caps, f"{run.name}: sim vs real")
         atomic_write_bytes(stage_dir / "plots" / f"{run.name}.png", image)
     summary = gap_summary(rows)

@@ -378,9 +378,14 @@ def test_flow_caches_collect_and_keeps_one_mlflow_run_per_iteration(
     assert "redeploy/repeatability.turning.rotation_deg_mean" in run.data.metrics
     evaluate_dir = Path(first["stages"]["evaluate"]["ref"]["path"])
     gap = pq.read_table(evaluate_dir / "gap.parquet").to_pandas()
-    assert len(gap) == 3 * 3 and set(gap["engine"]) == {"before", "after", "learned"}
+    assert len(gap) == 3 * 4 and set(gap["engine"]) == {"before", "after", "learned", "truth"}
     assert (gap["com_error_m"] >= 0).all() and gap["heading_error_deg"].between(0, 180).all()
-    for key in ("gap.before.com_error_m", "gap.learned.com_error_m", "gap.after.turning.heading_error_deg"):
+    for key in (
+        "gap.before.com_error_m",
+        "gap.learned.com_error_m",
+        "gap.truth.com_error_m",
+        "gap.after.turning.heading_error_deg",
+    ):
         assert f"evaluate/{key}" in run.data.metrics, key
     assert {a.path for a in client.list_artifacts(stage_run("evaluate"))} >= {
         "gap.parquet",

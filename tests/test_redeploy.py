@@ -94,7 +94,7 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     )
     evaluated, gap_summary = run_evaluate(configs, 1, refs["attach"], refs["sysid"], refs["learn"], refs["gaits"], ref)
     gap = pd.read_parquet(Path(evaluated.path) / GAP_FILE)
-    assert sorted(gap["start"].unique()) == [0, 1, 2] and set(gap["engine"]) == {"before", "after", "learned"}
+    assert sorted(gap["start"].unique()) == [0, 1, 2] and set(gap["engine"]) == {"before", "after", "learned", "truth"}
     # the learned engine here answers no contact: with no ground, no horizontal force acts on the
     # robot (cables and rod contact are internal), so its centre of mass never moves sideways
     learned = gap[gap["engine"] == "learned"]
@@ -106,6 +106,9 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     np.testing.assert_array_equal(before["real_rotation_deg"].to_numpy(), after["real_rotation_deg"].to_numpy())
     sim_gap = np.abs(before["sim_rotation_deg"].to_numpy() - after["sim_rotation_deg"].to_numpy())
     assert sim_gap.max() > 1.0, sim_gap  # measured 2.9, 2.7 and 0.1 deg over the three starts
+    # "truth" replays with the twin's own values (its friction, motor speed, latency): other simulated runs again
+    truth = gap[gap["engine"] == "truth"].sort_values("start")
+    assert np.abs(truth["sim_rotation_deg"].to_numpy() - after["sim_rotation_deg"].to_numpy()).max() > 1.0
     analytic = gap[gap["engine"] != "learned"]
     assert not analytic["sim_collapsed"].any() and not gap["real_collapsed"].any()  # the published turn stands
     assert gap_summary["gap.after.turning.sim_collapsed_runs"] == 0
@@ -118,8 +121,8 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     assert gap_summary["gap.after.com_error_m"] == pytest.approx(after["com_error_m"].mean())
     assert gap_summary["gap.after.turning.com_error_m"] == pytest.approx(after["com_error_m"].mean())
     markdown = (Path(evaluated.path) / SUMMARY_FILE).read_text()
-    means = (gap[gap["engine"] == e]["com_error_m"].mean() for e in ("before", "after", "learned"))
-    assert "| turning | {:.3f} → {:.3f} → {:.3f} |".format(*means) in markdown
+    means = (gap[gap["engine"] == e]["com_error_m"].mean() for e in ("before", "after", "learned", "truth"))
+    assert "| turning | {:.3f} → {:.3f} → {:.3f} → {:.3f} |".format(*means) in markdown
 
     run_redeploy(configs, 1, refs["attach"], refs["gaits"], hardware)
     assert len(executions) == 3  # every run already recorded: nothing runs again
