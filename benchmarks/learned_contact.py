@@ -132,7 +132,7 @@ def main() -> None:
 
     true_model, true_params = twin_true_model(robot, configs.twin), twin_true_params(robot, configs.twin)
     latency = configs.twin.control_latency_s
-    network = build_network(true_model, learn.model)
+    network = build_network(true_model, learn.model, learn.seed)
     learned = LearnedEngine.of(true_model, network, learn.model)
     along = [states_along(learned, true_params, network.graph, t, latency) for t in trajectories]
     result = train(

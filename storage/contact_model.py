@@ -37,10 +37,14 @@ def _graph_signature(graph: RobotGraph) -> dict[str, object]:
     }
 
 
-def build_network(model: RobotModel, config: ContactModelConfig) -> ContactNetwork:
-    """A new (untrained) network for ``model``'s robot, shaped by ``config``."""
+def build_network(model: RobotModel, config: ContactModelConfig, seed: int = 0) -> ContactNetwork:
+    """A new (untrained) network for ``model``'s robot, shaped by ``config``, its weights drawn
+    from ``seed`` (the same seed, the same weights, whatever the process drew before; torch's
+    global random state is left as it was)."""
     graph = RobotGraph.of(model, config.inner_nodes, config.contact_radius_m)
-    return ContactNetwork(graph, FEATURE_SIZES, config.latent, config.message_passing_steps)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return ContactNetwork(graph, FEATURE_SIZES, config.latent, config.message_passing_steps)
 
 
 def save_contact_model(

@@ -52,7 +52,7 @@ from storage.tracking import StageContext
 STAGE = "learn"
 MODEL_NAME = "learned-contact"
 """The MLflow model the stage logs: the contact network's safetensors file."""
-PRETRAIN_VERSION = "2"
+PRETRAIN_VERSION = "3"
 """Part of the pre-training cache key: changes when the pre-training's code does."""
 
 
@@ -109,7 +109,7 @@ def pretrained_network(
     learn = configs.pipeline.learn
     trajectories = pretraining_data(configs)
     params = Params.from_robot(configs.robot)
-    network = build_network(model, learn.model)
+    network = build_network(model, learn.model, learn.seed)
     engine = LearnedEngine.of(model, network, learn.model)
     along = [states_along(engine, params, network.graph, t, configs.robot.pid.latency_s) for t in trajectories]
     held = max(1, round(learn.validation_fraction * len(along)))

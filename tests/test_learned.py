@@ -438,3 +438,43 @@ def test_pretraining_on_a_mujoco_model_of_the_robot_config(default_configs) -> N
     assert winch_speed == pytest.approx(robot.motor.speed * robot.motor.omega_max_rad_s, rel=0.02)
     rolled = trajectories[2]  # the published rolling gait rolls the robot along the ground
     assert np.linalg.norm(rolled.caps_m[-1].mean(0)[:2] - rolled.caps_m[0].mean(0)[:2]) > 0.05
+
+
+def test_training_is_repeatable_whatever_the_process_drew_before(default_configs) -> None:
+    """The same data, config and seed give the same weights bit for bit: a new network's weights
+    come from ``learn.seed``, not from torch's global random state, which it leaves as it was."""
+    from pipeline.learned.training import train
+    from storage.contact_model import build_network
+    from tasks.learn import pretraining_data
+
+    configs = default_configs.updated(
+        {
+            "pipeline.learn.model.latent": 8,
+            "pipeline.learn.model.message_passing_steps": 1,
+            "pipeline.learn.model.dt_s": 0.01,
+            "pipeline.learn.model.spin": "held",
+            "pipeline.learn.pretrain.random_policies": 2,
+            "pipeline.learn.pretrain.targets": 2,
+            "pipeline.learn.pretrain.gait_cycles": 1,
+        }
+    )
+    learn = configs.pipeline.learn
+    curriculum = learn.pretrain.curriculum.updated({"lengths": [1, 2], "epochs": [1, 1], "learning_rates": [1e-3] * 2})
+    model, params = RobotModel.from_robot(configs.robot), Params.from_robot(configs.robot)
+    trajectories = pretraining_data(configs)[:2]  # the random policies
+    weights = []
+    for draws in (0, 5):
+        torch.rand(draws)  # what other stages of the process drew before
+        state = torch.random.get_rng_state()
+        network = build_network(model, learn.model, learn.seed)
+        assert torch.equal(torch.random.get_rng_state(), state)
+        engine = LearnedEngine.of(model, network, learn.model)
+        along = [states_along(engine, params, network.graph, t, 0.0) for t in trajectories]
+        train(engine, params, along[1:], along[:1], 0.02, learn, curriculum)
+        weights.append(network.state_dict())
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    other_seed = build_network(model, learn.model, learn.seed + 1).state_dict()["encoders.node.0.weight"]
+    assert not torch.equal(
+        other_seed, build_network(model, learn.model, learn.seed).state_dict()["encoders.node.0.weight"]
+    )
