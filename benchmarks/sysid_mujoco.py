@@ -59,6 +59,7 @@ from pipeline.control import PID, REST_LENGTH_LIMITS_M
 from pipeline.hardware.base import GroundTruthPacket, SensorPacket
 from pipeline.hardware.twin import MujocoTwin
 from pipeline.hardware.twin_model import build_twin_xml
+from pipeline.learned.simulated import MUJOCO_ROLLING_FRICTION, MUJOCO_TORSIONAL_FRICTION
 from pipeline.physics.params import robot_values
 from pipeline.policies import REST_TARGET, random_policy
 from pipeline.robot_model import N_ACTUATED, N_CABLES, N_CAPS, length_to_target, target_to_length
@@ -84,7 +85,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
 dimensionless s in omega = s * omega_max * u, latency in s)."""
 
 DEFAULT_PARAMETERS = ("friction", "motor_speed", "latency_s")
-MUJOCO_DEFAULT_FRICTION = (0.005, 0.0001)
+MUJOCO_DEFAULT_FRICTION = (MUJOCO_TORSIONAL_FRICTION, MUJOCO_ROLLING_FRICTION)
 """Torsional and rolling friction coefficients (MuJoCo's defaults; the engine has neither)."""
 
 _ZOH_EPS_S = 1e-9
