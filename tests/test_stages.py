@@ -143,6 +143,7 @@ def _other_values(value: object) -> list[object]:
             "redeploy_and_random",
             "network",
             "held",
+            "mujoco",
             f"{value}-other",
         ]
     if isinstance(value, tuple) and value:
