@@ -149,10 +149,8 @@ def run_evaluate(
     mlflow: str = "",
 ) -> tuple[Ref, dict[str, float]]:
     """Replay the redeploy runs before and after sysid, in the learned engine and (on the twin) with
-    the twin's own values; write the gap
-    table, plots and summary
-    (with ``mlflow``, a line naming the MLflow run, under its title).
-    Returns the ref and the summary (gap figures)."""
+    the twin's own values; write the gap table, plots and summary (with ``mlflow``, a line naming
+    the MLflow run, under its title). Returns the ref and the summary (gap figures)."""
     stage_dir = RunLayout.of(configs).stage_dir(iteration, STAGE)
     stage_dir.mkdir(parents=True, exist_ok=True)
     runs = recorded_runs(redeploy_ref)
