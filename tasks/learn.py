@@ -4,10 +4,10 @@
 (random policies and the published gaits, :mod:`pipeline.learned.simulated`), in the analytic
 engine or on a MuJoCo model of the robot config: the model never sees the twin except through
 tracking. The pre-trained file is cached under ``runs/pretrained/`` by the robot config and the
-``learn`` section, and every campaign in the runs folder reuses it. :func:`run_learn` fine-tunes it on the tracked recordings of this iteration and
-the earlier ones (the same data as sysid), with the identified robot driving the analytic forces,
-validating on the gaits sysid holds out, and keeps the epoch with the lowest validation loss. It
-writes ``contact_model.safetensors`` (:mod:`storage.contact_model`), ``training.parquet`` (the
+``learn`` section, and every campaign in the runs folder reuses it. :func:`run_learn` fine-tunes
+it on the tracked recordings of this iteration and the earlier ones (the same data as sysid), with
+the identified robot driving the analytic forces, validating on the gaits sysid holds out, and
+keeps the epoch with the lowest validation loss. It writes ``contact_model.safetensors`` (:mod:`storage.contact_model`), ``training.parquet`` (the
 loss per epoch) and ``learn.json`` (what the data were, the figures), and replays the held-out
 gaits in the learned engine as sysid does in the analytic one.
 """
