@@ -7,9 +7,10 @@ tracking. The pre-trained file is cached under ``runs/pretrained/`` by the robot
 ``learn`` section, and every campaign in the runs folder reuses it. :func:`run_learn` fine-tunes
 it on the tracked recordings of this iteration and the earlier ones (the same data as sysid), with
 the identified robot driving the analytic forces, validating on the gaits sysid holds out, and
-keeps the epoch with the lowest validation loss. It writes ``contact_model.safetensors`` (:mod:`storage.contact_model`), ``training.parquet`` (the
-loss per epoch) and ``learn.json`` (what the data were, the figures), and replays the held-out
-gaits in the learned engine as sysid does in the analytic one.
+keeps the epoch with the lowest validation loss. It writes ``contact_model.safetensors``
+(:mod:`storage.contact_model`), ``training.parquet`` (the loss per epoch) and ``learn.json`` (what
+the data were, the figures), and replays the held-out gaits in the learned engine as sysid does in
+the analytic one.
 """
 
 from __future__ import annotations
