@@ -77,7 +77,8 @@ def test_collect_iterate_campaign_and_status_run_a_tiny_campaign(tmp_path: Path)
         summary = make_reader(handle).get_summary()
     counts = {summary.channels[i].topic: n for i, n in summary.statistics.channel_message_counts.items()}
     ghosts = {t.removeprefix("/robot/replay_"): n for t, n in counts.items() if t.startswith("/robot/replay_")}
-    assert ghosts == replays.groupby("engine").size().to_dict() and set(ghosts) == {"before", "after", "learned"}
+    assert ghosts == replays.groupby("engine").size().to_dict()
+    assert set(ghosts) == {"before", "after", "learned", "truth"}
     assert "headline/gap_after_m" in run("campaign", "-n", "1")
     out = run("status")
     states = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if "│" in line}
