@@ -140,13 +140,17 @@ class RealSenseCamera(Camera):
             config.enable_stream(rs.stream.depth, width_px, height_px, rs.format.z16, fps)
             config.enable_stream(rs.stream.color, width_px, height_px, rs.format.rgb8, fps)
         self._pipeline = rs.pipeline()
+        self._playback = None
         try:
+            if bag is not None:
+                # before start(): a bag played in real time drops the frames nobody reads yet
+                self._playback = config.resolve(self._pipeline).get_device().as_playback()
+                self._playback.set_real_time(False)
             profile = self._pipeline.start(config)
         except RuntimeError as exc:
             raise HardwareError(f"{self.source}: {exc}") from None
         device = profile.get_device()
-        if bag is not None:
-            device.as_playback().set_real_time(False)
+        self._stopped = rs.playback_status.stopped
         self._align = rs.align(rs.stream.color)
         color = profile.get_stream(rs.stream.color).as_video_stream_profile().get_intrinsics()
         self._info = CameraInfo(
@@ -159,7 +163,6 @@ class RealSenseCamera(Camera):
             camera_to_world=np.asarray(camera_to_world, float),
             depth_scale_m=device.first_depth_sensor().get_depth_scale(),
         )
-        self._playback = bag is not None
         self._played = False
 
     @property
@@ -169,11 +172,13 @@ class RealSenseCamera(Camera):
     def frames(self) -> list[FramePacket]:
         out = []
         while not self._played:
-            if self._playback:
+            if self._playback is not None:
                 ok, frameset = self._pipeline.try_wait_for_frames(200)
-                if not ok:  # the recording is played out
-                    self._played = True
-                    break
+                if not ok:
+                    # a slow machine may take longer than the wait to read a frame: only a stopped
+                    # playback is played out
+                    self._played = self._playback.current_status() == self._stopped
+                    continue
             else:
                 frameset = self._pipeline.poll_for_frames()
                 if not frameset:
