@@ -229,7 +229,7 @@ TABLE: tuple[Stage, ...] = (
         "learn",
         learn,
         inputs=("collect", "track", "attach", "sysid"),
-        version="4",
+        version="5",
         sections=("learn", "collect.segment_timeout_s", "redeploy.segment_timeout_s", ROBOT_FIELD),
         arguments=lambda call: {"earlier_refs": earlier_data_refs(call.configs, call.layout, call.iteration)},
         key_inputs=_sysid_key_inputs,

@@ -52,7 +52,7 @@ from storage.tracking import StageContext
 STAGE = "learn"
 MODEL_NAME = "learned-contact"
 """The MLflow model the stage logs: the contact network's safetensors file."""
-PRETRAIN_VERSION = "3"
+PRETRAIN_VERSION = "4"
 """Part of the pre-training cache key: changes when the pre-training's code does."""
 
 

@@ -12,6 +12,7 @@ from pipeline.learned.engine import FEATURE_SIZES, LearnedEngine, features
 from pipeline.learned.graph import RobotGraph
 from pipeline.learned.network import ContactNetwork
 from pipeline.physics import Engine, Params, RobotModel
+from pipeline.physics.engine import State
 from pipeline.physics.rollout import rest_start
 from pipeline.physics.rotations import quat_to_matrix
 from pipeline.robot_model import (
@@ -116,6 +117,32 @@ def test_the_rods_spin_is_held_or_the_analytic_contacts(default_configs, model, 
     torch.testing.assert_close(across["analytic"], across["held"], atol=1e-12, rtol=0)
     with pytest.raises(ValueError, match="spin"):
         LearnedEngine(model, network, dt=0.005, spin="free")
+
+
+def test_the_lift_keeps_the_rods_out_of_the_ground_and_training_runs_without_it(default_configs, model, graph) -> None:
+    """A network that pushes every node down at 1 m/s (5 mm a step) sinks the resting robot's end
+    caps into the ground inside :meth:`LearnedEngine.unlifted` (training's rollouts); with the
+    lift (the default) the lowest end cap ends on the ground, not below it."""
+    robot = default_configs.robot
+    params = Params.from_robot(robot)
+    state = rest_start(Engine(model, dt=0.005), params, robot)
+    network = ContactNetwork(graph, FEATURE_SIZES, latent=8, steps=1).double()
+    with torch.no_grad():
+        network.decoder[-1].weight.zero_()
+        network.decoder[-1].bias.zero_()
+        network.target.mean.copy_(torch.tensor([0.0, 0.0, -1.0]))
+        engine = LearnedEngine(model, network, dt=0.005, spin="held")
+        control = torch.zeros(1, 6, dtype=torch.float64)
+        with engine.unlifted():
+            sunk = engine.step(params, state, control)
+        assert engine.lift_out_of_ground  # restored after the context
+        lifted = engine.step(params, state, control)
+
+    def lowest_mm(s: State) -> float:
+        return 1000 * float((engine.cap_positions(s)[..., 2] - robot.end_cap.radius_m).min())
+
+    assert lowest_mm(sunk) < -4.0  # 5 mm, give or take the free motion's millimetre
+    assert lowest_mm(lifted) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_features_have_their_documented_sizes(default_configs, model, graph) -> None:
@@ -340,7 +367,6 @@ def test_no_rollout_window_spans_a_gap_of_the_recording(default_configs) -> None
     the ticks on either side (a start's velocity, a window's last target) too; windows that tile
     the trajectory (the validation's) neither overlap nor leave a clean window uncovered."""
     from pipeline.learned.data import StatesAlong, recording_trajectory
-    from pipeline.physics.engine import State
     from pipeline.sysid.data import Recording
 
     t = np.r_[np.arange(0.0, 1.0, 0.02), np.arange(1.5, 2.5, 0.02)]  # samples lost between 0.98 and 1.5 s
@@ -478,3 +504,40 @@ def test_training_is_repeatable_whatever_the_process_drew_before(default_configs
     assert not torch.equal(
         other_seed, build_network(model, learn.model, learn.seed).state_dict()["encoders.node.0.weight"]
     )
+
+
+def test_an_epoch_takes_at_most_windows_per_epoch(default_configs) -> None:
+    """With ``windows_per_epoch`` an epoch takes that many windows (ceil(20 / 8) = 3 optimiser
+    steps), however many the data hold; without, every window."""
+    import math
+
+    from pipeline.learned.training import train
+    from storage.contact_model import build_network
+    from tasks.learn import pretraining_data
+
+    configs = default_configs.updated(
+        {
+            "pipeline.learn.model.latent": 8,
+            "pipeline.learn.model.message_passing_steps": 1,
+            "pipeline.learn.model.dt_s": 0.01,
+            "pipeline.learn.model.spin": "held",
+            "pipeline.learn.pretrain.random_policies": 2,
+            "pipeline.learn.pretrain.targets": 2,
+            "pipeline.learn.pretrain.gait_cycles": 1,
+            "pipeline.learn.batch_size": 8,
+        }
+    )
+    learn = configs.pipeline.learn
+    model, params = RobotModel.from_robot(configs.robot), Params.from_robot(configs.robot)
+    trajectories = pretraining_data(configs)[:2]
+    network = build_network(model, learn.model, learn.seed)
+    engine = LearnedEngine.of(model, network, learn.model)
+    along = [states_along(engine, params, network.graph, t, 0.0) for t in trajectories]
+    every = len(windows(along[1:], 1))
+    assert every > 40
+    for cap, steps_per_epoch in ((20, 3), (None, math.ceil(every / 8))):
+        curriculum = learn.pretrain.curriculum.updated(
+            {"lengths": [1], "epochs": [2], "learning_rates": [1e-3], "windows_per_epoch": cap}
+        )
+        result = train(engine, params, along[1:], along[:1], 0.02, learn, curriculum)
+        assert [e.steps for e in result.history] == [steps_per_epoch, 2 * steps_per_epoch]

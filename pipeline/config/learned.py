@@ -31,6 +31,11 @@ class ContactModelConfig(StrictModel):
         description="Each rod's spin about its own axis, which the nodes on the axis cannot show: held at "
         "zero (each rod keeps its roll), or the analytic ground contact's (docs/learned-contact.md).",
     )
+    lift_out_of_ground: bool = Field(
+        default=True,
+        description="After each step, lift a rod whose lowest sphere sinks below the ground back onto it, as the "
+        "analytic engine's position correction does (false: the network alone keeps the rods out of the ground).",
+    )
 
 
 class CurriculumConfig(StrictModel):
@@ -42,6 +47,11 @@ class CurriculumConfig(StrictModel):
     epochs: tuple[Annotated[int, Field(ge=1)], ...] = Field(default=(8, 4, 2, 1), description="Epochs of each length.")
     learning_rates: tuple[Positive, ...] = Field(
         default=(1e-3, 5e-4, 2.5e-4, 1.25e-4), description="Adam learning rate of each length."
+    )
+    windows_per_epoch: Annotated[int, Field(ge=1)] | None = Field(
+        default=None,
+        description="At most this many training windows per epoch, drawn afresh each epoch (null: every "
+        "window), so the cost of an epoch stops growing with the data.",
     )
 
     @model_validator(mode="after")
@@ -80,7 +90,7 @@ class LearnConfig(StrictModel):
     model: ContactModelConfig = ContactModelConfig()
     pretrain: PretrainConfig = PretrainConfig()
     fine_tune: CurriculumConfig = CurriculumConfig(
-        lengths=(2, 4, 8), epochs=(6, 4, 4), learning_rates=(2e-4, 1e-4, 5e-5)
+        lengths=(2, 4, 8), epochs=(6, 4, 4), learning_rates=(2e-4, 1e-4, 5e-5), windows_per_epoch=1200
     )
     weight_decay: Annotated[float, Field(ge=0)] = Field(default=1e-4, description="AdamW weight decay.")
     gradient_clip: Positive = Field(default=1.0, description="Largest norm of a step's gradient.")

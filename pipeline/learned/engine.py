@@ -17,8 +17,11 @@ passive forces + graph-network contact"). A step:
    analytic engine's after its ground impulses (:meth:`Engine._ground_contact
    <pipeline.physics.engine.Engine._ground_contact>`), stable at 5 ms, so the cables' attachment
    points turn as the rods roll;
-4. contact between rods and the integration of positions, as in the analytic engine (the
-   learned contact has no position correction: the network learns not to sink).
+4. contact between rods and the integration of positions, as in the analytic engine; with
+   ``lift_out_of_ground``, the analytic engine's position correction then lifts a rod whose lowest
+   sphere sank below the ground back onto it. Training rolls out without it
+   (:meth:`LearnedEngine.unlifted`): the correction is not differentiable, and a network trained
+   behind it learns to sink.
 
 Same :class:`~pipeline.physics.engine.State`, same rollouts with the firmware PID
 (:mod:`pipeline.physics.rollout`), batched and differentiable. Shapes as in
@@ -26,6 +29,9 @@ Same :class:`~pipeline.physics.engine.State`, same rollouts with the firmware PI
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -112,15 +118,23 @@ def features(
 class LearnedEngine(Engine):
     """An :class:`~pipeline.physics.engine.Engine` with ``network``'s ground contact; ``dt`` (s) the
     step the network was trained at; ``spin`` the rods' spin about their axes, ``"held"`` or
-    ``"analytic"`` (step 3 above). Steps are never compiled (the network runs eagerly)."""
+    ``"analytic"`` (step 3 above); ``lift_out_of_ground`` whether step 4 corrects positions. Steps are
+    never compiled (the network runs eagerly)."""
 
     def __init__(
-        self, model: RobotModel, network: ContactNetwork, dt: float, spin: str, gravity_m_s2: float = 9.81
+        self,
+        model: RobotModel,
+        network: ContactNetwork,
+        dt: float,
+        spin: str,
+        lift_out_of_ground: bool = True,
+        gravity_m_s2: float = 9.81,
     ) -> None:
         if spin not in ("held", "analytic"):
             raise ValueError(f"spin: expected 'held' or 'analytic', got {spin!r}")
         super().__init__(model, dt=dt, gravity_m_s2=gravity_m_s2, compiled=False)
         self.spin = spin
+        self.lift_out_of_ground = lift_out_of_ground
         self.network = network
         self.graph = network.graph
         z = self.graph.node_z.reshape(N_RODS, -1)
@@ -131,7 +145,7 @@ class LearnedEngine(Engine):
     @classmethod
     def of(cls, model: RobotModel, network: ContactNetwork, config: ContactModelConfig) -> LearnedEngine:
         """The engine of ``model`` with ``network`` at the step and spin of ``config`` (``learn.model``)."""
-        return cls(model, network, config.dt_s, config.spin)
+        return cls(model, network, config.dt_s, config.spin, config.lift_out_of_ground)
 
     def advance(self, params: Params, state: State, control: torch.Tensor) -> State:
         free = self.free_motion(params, state, control)
@@ -143,7 +157,22 @@ class LearnedEngine(Engine):
         if self.spin == "analytic":
             _, contact_omega, _ = self._ground_contact(params, state, free.vel, free.omega, free.rotations, free.arms)
             omega = omega + (contact_omega * axis).sum(-1, keepdim=True) * axis
-        return self.finish(state, free, free.vel + d_vel, omega, None)
+        ground = None
+        if self.lift_out_of_ground:
+            ground = torch.zeros(
+                state.batch_size, len(self._contact_rod), dtype=state.pos.dtype, device=state.pos.device
+            )
+        return self.finish(state, free, free.vel + d_vel, omega, ground)
+
+    @contextmanager
+    def unlifted(self) -> Iterator[LearnedEngine]:
+        """This engine without step 4's position correction while the context lasts (training's
+        rollouts: the network alone must keep the rods out of the ground)."""
+        lift, self.lift_out_of_ground = self.lift_out_of_ground, False
+        try:
+            yield self
+        finally:
+            self.lift_out_of_ground = lift
 
     def contact_velocity_change(self, params: Params, state: State, free: FreeMotion) -> torch.Tensor:
         """The network's velocity change (B, N, 3) m/s of each node from ground contact this step."""

@@ -6,12 +6,15 @@ from its start, the mean squared distance of every graph node from where the dat
 each tick, divided by ``(tick * sigma)^2`` with ``sigma`` the spread of the one-tick node velocity
 changes the network must produce (so the loss reads as a velocity-change error in units of its own
 spread, whatever the step). The curriculum trains rollouts of 1, 2, 4, 8 ticks in turn (config),
-each phase with its own learning rate. Every batch is turned about the vertical by a random angle
-(the physics does not care which way the robot faces) and its start states are jittered by a
-little noise (:func:`jittered`). The validation loss is that of the longest length over windows
-that tile the validation trajectories (each tick predicted once; overlapping windows would cost
-as many rollouts as the window is long and tell little more), after every epoch, and the weights
-of the best epoch are kept.
+each phase with its own learning rate; an epoch takes every window in a random order, or at
+most ``windows_per_epoch`` of them drawn afresh, so its cost stops growing with the data. Every
+batch is turned about the vertical by a random angle (the physics does not care which way the
+robot faces) and its start states are jittered by a little noise (:func:`jittered`). Training's
+rollouts run without the engine's lift out of the ground (the network learns to keep the rods out
+itself); validation's run the engine as it will be used. The validation loss is that of the
+longest length over windows that tile the validation trajectories (each tick predicted once;
+overlapping windows would cost as many rollouts as the window is long and tell little more),
+after every epoch, and the weights of the best epoch are kept.
 """
 
 from __future__ import annotations
@@ -186,16 +189,17 @@ def train(
         data = windows(train_data, length)
         optimiser = torch.optim.AdamW(network.parameters(), lr=lr, weight_decay=config.weight_decay)
         for _ in range(epochs):
-            order = torch.randperm(len(data), generator=generator)
+            order = torch.randperm(len(data), generator=generator)[: curriculum.windows_per_epoch]
             total, counted, skipped = 0.0, 0, 0
-            for i in range(0, len(data), config.batch_size):
+            for i in range(0, len(order), config.batch_size):
                 rows = order[i : i + config.batch_size]
                 batch = data.take(rows)
                 batch = turned(batch, (torch.rand(len(rows), generator=generator) * 2 - 1) * math.pi)
                 if config.noise_m > 0:
                     batch = jittered(batch, config.noise_m, tick_s, generator)
                 optimiser.zero_grad()
-                loss = rollout_loss(engine, params, batch, tick_s)
+                with engine.unlifted():
+                    loss = rollout_loss(engine, params, batch, tick_s)
                 if not torch.isfinite(loss):
                     skipped += 1
                     continue
