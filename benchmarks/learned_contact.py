@@ -14,7 +14,10 @@ start states built from the data matter (:func:`start_state_errors`). Engines:
 - ``analytic_twin``: the analytic engine with the twin's own values where the engine has them;
 - ``learned``: the hybrid engine (analytic cables, motors and gravity with the twin's values,
   learned contact) trained on the training trajectories with the ``learn`` config's model,
-  pre-training curriculum and settings (``--epochs`` overrides the curriculum's epochs).
+  pre-training curriculum and settings (``--epochs`` overrides the curriculum's epochs);
+- ``learned_compiled``, ``learned_compiled_bfloat16``: the same network, its rollouts compiled
+  (``learn.model.compile_rollouts``), the second with the network in bfloat16
+  (``learn.model.inference_dtype``).
 
 Also the training's wall time, and each engine's throughput in simulated robot-seconds per
 wall-second at 1 and ``--batch`` environments (no gradients), measured in the same run.
@@ -145,10 +148,18 @@ def main() -> None:
         curriculum,
     )
 
+    fast = {
+        "learned_compiled": {"compile_rollouts": True},
+        "learned_compiled_bfloat16": {"compile_rollouts": True, "inference_dtype": "bfloat16"},
+    }
     engines = {
         "analytic_config": (Engine(RobotModel.from_robot(robot), dt=0.005), Params.from_robot(robot)),
         "analytic_twin": (Engine(true_model, dt=0.005), true_params),
         "learned": (learned, true_params),
+        **{
+            name: (LearnedEngine.of(true_model, network, learn.model.updated(changes)), true_params)
+            for name, changes in fast.items()
+        },
     }
     figures: dict[str, object] = {"start_states": start_state_errors(trajectories, test, network.graph, configs)}
     short = windows([along[i] for i in test], WINDOW_TICKS)

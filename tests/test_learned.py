@@ -145,6 +145,42 @@ def test_the_lift_keeps_the_rods_out_of_the_ground_and_training_runs_without_it(
     assert lowest_mm(lifted) == pytest.approx(0.0, abs=1e-6)
 
 
+def test_rollouts_without_gradients_run_compiled_or_in_bfloat16_and_training_does_not(
+    default_configs, model, graph
+) -> None:
+    """Without gradients, ``compile_rollouts`` steps equal the eager ones to float32 rounding and
+    ``inference_dtype: bfloat16`` ones differ from them by bfloat16's rounding; with gradients both
+    engines step exactly as the eager float32 one (training is float32, eager)."""
+    robot = default_configs.robot
+    params = Params.from_robot(robot).expand(2)
+    start = rest_start(Engine(model, dt=0.005), Params.from_robot(robot), robot)
+    state = State(**{k: v.expand(2, *v.shape[1:]).clone() for k, v in vars(start).items()})
+    control = torch.tensor([[1.0, -1.0, 0.5, -0.5, 1.0, 0.0], [0.0] * 6], dtype=torch.float64)
+    network = ContactNetwork(graph, FEATURE_SIZES, latent=8, steps=1)
+    config = default_configs.pipeline.learn.model
+    engines = {
+        name: LearnedEngine.of(model, network, config.updated(changes))
+        for name, changes in {
+            "eager": {},
+            "compiled": {"compile_rollouts": True},
+            "bfloat16": {"inference_dtype": "bfloat16"},
+        }.items()
+    }
+    with torch.no_grad():
+        ran = {name: engine.steps(params, state, control, 8) for name, engine in engines.items()}
+    moved = float((ran["eager"].pos - state.pos).abs().max())
+    assert moved > 1e-4  # the robot moves, so the comparisons below compare something
+    torch.testing.assert_close(ran["compiled"].pos, ran["eager"].pos, rtol=0, atol=1e-6)
+    bf16_gap = float((ran["bfloat16"].pos - ran["eager"].pos).abs().max())
+    assert 0 < bf16_gap < 1e-3, bf16_gap  # bfloat16's 3 digits on the contact, for 8 steps of 5 ms
+    for name in ("compiled", "bfloat16"):
+        graded = engines[name].steps(params, state, control, 2)
+        torch.testing.assert_close(graded.pos, engines["eager"].steps(params, state, control, 2).pos, rtol=0, atol=0)
+        assert graded.pos.requires_grad
+    with pytest.raises(ValueError, match="inference_dtype"):
+        LearnedEngine(model, network, dt=0.005, spin="held", inference_dtype=torch.float16)
+
+
 def test_features_have_their_documented_sizes(default_configs, model, graph) -> None:
     engine = Engine(model, dt=0.02)
     params = Params.from_robot(default_configs.robot)

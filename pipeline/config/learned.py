@@ -31,6 +31,16 @@ class ContactModelConfig(StrictModel):
         description="Each rod's spin about its own axis, which the nodes on the axis cannot show: held at "
         "zero (each rod keeps its roll), or the analytic ground contact's (docs/learned-contact.md).",
     )
+    inference_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="The network's precision in rollouts without gradients (training is float32): bfloat16 "
+        "runs fast on CPUs with AMX or AVX-512 BF16 and slower on others (docs/learned-contact.md).",
+    )
+    compile_rollouts: bool = Field(
+        default=False,
+        description="Rollouts without gradients step through torch.compile: seconds to compile once per "
+        "process and batch size, worth it for large batches (docs/learned-contact.md).",
+    )
     lift_out_of_ground: bool = Field(
         default=True,
         description="After each step, lift a rod whose lowest sphere sinks below the ground back onto it, as the "

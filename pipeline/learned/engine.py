@@ -118,8 +118,10 @@ def features(
 class LearnedEngine(Engine):
     """An :class:`~pipeline.physics.engine.Engine` with ``network``'s ground contact; ``dt`` (s) the
     step the network was trained at; ``spin`` the rods' spin about their axes, ``"held"`` or
-    ``"analytic"`` (step 3 above); ``lift_out_of_ground`` whether step 4 corrects positions. Steps are
-    never compiled (the network runs eagerly)."""
+    ``"analytic"`` (step 3 above); ``lift_out_of_ground`` whether step 4 corrects positions. Steps
+    with gradients run eagerly in float32; without, the network runs in ``inference_dtype``
+    (``torch.float32`` or ``torch.bfloat16``), and with ``compiled`` the step runs through
+    ``torch.compile`` (compiled on first use, per batch size)."""
 
     def __init__(
         self,
@@ -128,13 +130,19 @@ class LearnedEngine(Engine):
         dt: float,
         spin: str,
         lift_out_of_ground: bool = True,
+        inference_dtype: torch.dtype = torch.float32,
+        compiled: bool = False,
         gravity_m_s2: float = 9.81,
     ) -> None:
         if spin not in ("held", "analytic"):
             raise ValueError(f"spin: expected 'held' or 'analytic', got {spin!r}")
+        if inference_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"inference_dtype: expected torch.float32 or torch.bfloat16, got {inference_dtype}")
         super().__init__(model, dt=dt, gravity_m_s2=gravity_m_s2, compiled=False)
         self.spin = spin
         self.lift_out_of_ground = lift_out_of_ground
+        self.inference_dtype = inference_dtype
+        self._compiled_advance = torch.compile(self.advance) if compiled else None
         self.network = network
         self.graph = network.graph
         z = self.graph.node_z.reshape(N_RODS, -1)
@@ -145,7 +153,25 @@ class LearnedEngine(Engine):
     @classmethod
     def of(cls, model: RobotModel, network: ContactNetwork, config: ContactModelConfig) -> LearnedEngine:
         """The engine of ``model`` with ``network`` at the step and spin of ``config`` (``learn.model``)."""
-        return cls(model, network, config.dt_s, config.spin, config.lift_out_of_ground)
+        return cls(
+            model,
+            network,
+            config.dt_s,
+            config.spin,
+            config.lift_out_of_ground,
+            getattr(torch, config.inference_dtype),
+            config.compile_rollouts,
+        )
+
+    def steps(self, params: Params, state: State, control: torch.Tensor, n: int) -> State:
+        """``n`` steps of ``dt`` with ``control`` (B, 6), compiled where the engine says and no
+        gradient is taken."""
+        advance = self.advance
+        if self._compiled_advance is not None and not torch.is_grad_enabled():
+            advance = self._compiled_advance
+        for _ in range(n):
+            state = advance(params, state, control)
+        return state
 
     def advance(self, params: Params, state: State, control: torch.Tensor) -> State:
         free = self.free_motion(params, state, control)
@@ -178,7 +204,10 @@ class LearnedEngine(Engine):
         """The network's velocity change (B, N, 3) m/s of each node from ground contact this step."""
         graph_features, _, contact = features(self.graph, params, state, free)
         dtype = next(self.network.parameters()).dtype
-        change = self.network({k: v.to(dtype) for k, v in graph_features.items()}, contact)
+        inputs = {k: v.to(dtype) for k, v in graph_features.items()}
+        low = self.inference_dtype == torch.bfloat16 and not torch.is_grad_enabled()
+        with torch.autocast(state.pos.device.type, dtype=torch.bfloat16, enabled=low):
+            change = self.network(inputs, contact)
         return change.to(state.pos.dtype)
 
     def rigid_fit(self, node_change: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
