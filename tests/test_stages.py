@@ -144,6 +144,7 @@ def _other_values(value: object) -> list[object]:
             "network",
             "held",
             "mujoco",
+            "bfloat16",
             f"{value}-other",
         ]
     if isinstance(value, tuple) and value:
