@@ -502,6 +502,18 @@ def test_pretraining_on_a_mujoco_model_of_the_robot_config(default_configs) -> N
     assert np.linalg.norm(rolled.caps_m[-1].mean(0)[:2] - rolled.caps_m[0].mean(0)[:2]) > 0.05
 
 
+TINY_TRAINING = {
+    "pipeline.learn.model.latent": 8,
+    "pipeline.learn.model.message_passing_steps": 1,
+    "pipeline.learn.model.dt_s": 0.01,
+    "pipeline.learn.model.spin": "held",
+    "pipeline.learn.pretrain.random_policies": 2,
+    "pipeline.learn.pretrain.targets": 2,
+    "pipeline.learn.pretrain.gait_cycles": 1,
+}
+"""A network and pre-training set small enough to train in seconds."""
+
+
 def test_training_is_repeatable_whatever_the_process_drew_before(default_configs) -> None:
     """The same data, config and seed give the same weights bit for bit: a new network's weights
     come from ``learn.seed``, not from torch's global random state, which it leaves as it was."""
@@ -509,17 +521,7 @@ def test_training_is_repeatable_whatever_the_process_drew_before(default_configs
     from storage.contact_model import build_network
     from tasks.learn import pretraining_data
 
-    configs = default_configs.updated(
-        {
-            "pipeline.learn.model.latent": 8,
-            "pipeline.learn.model.message_passing_steps": 1,
-            "pipeline.learn.model.dt_s": 0.01,
-            "pipeline.learn.model.spin": "held",
-            "pipeline.learn.pretrain.random_policies": 2,
-            "pipeline.learn.pretrain.targets": 2,
-            "pipeline.learn.pretrain.gait_cycles": 1,
-        }
-    )
+    configs = default_configs.updated(TINY_TRAINING)
     learn = configs.pipeline.learn
     curriculum = learn.pretrain.curriculum.updated({"lengths": [1, 2], "epochs": [1, 1], "learning_rates": [1e-3] * 2})
     model, params = RobotModel.from_robot(configs.robot), Params.from_robot(configs.robot)
@@ -551,18 +553,7 @@ def test_an_epoch_takes_at_most_windows_per_epoch(default_configs) -> None:
     from storage.contact_model import build_network
     from tasks.learn import pretraining_data
 
-    configs = default_configs.updated(
-        {
-            "pipeline.learn.model.latent": 8,
-            "pipeline.learn.model.message_passing_steps": 1,
-            "pipeline.learn.model.dt_s": 0.01,
-            "pipeline.learn.model.spin": "held",
-            "pipeline.learn.pretrain.random_policies": 2,
-            "pipeline.learn.pretrain.targets": 2,
-            "pipeline.learn.pretrain.gait_cycles": 1,
-            "pipeline.learn.batch_size": 8,
-        }
-    )
+    configs = default_configs.updated({**TINY_TRAINING, "pipeline.learn.batch_size": 8})
     learn = configs.pipeline.learn
     model, params = RobotModel.from_robot(configs.robot), Params.from_robot(configs.robot)
     trajectories = pretraining_data(configs)[:2]
