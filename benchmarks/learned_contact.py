@@ -14,7 +14,8 @@ start states built from the data matter (:func:`start_state_errors`). Engines:
 - ``analytic_twin``: the analytic engine with the twin's own values where the engine has them;
 - ``learned``: the hybrid engine (analytic cables, motors and gravity with the twin's values,
   learned contact) trained on the training trajectories with the ``learn`` config's model,
-  pre-training curriculum and settings (``--epochs`` overrides the curriculum's epochs);
+  pre-training curriculum and settings (``--epochs`` overrides the curriculum's epochs; an epoch
+  draws ``--windows-per-epoch`` windows);
 - ``learned_compiled``, ``learned_compiled_bfloat16``: the same network, its rollouts compiled
   (``learn.model.compile_rollouts``), the second with the network in bfloat16
   (``learn.model.inference_dtype``).
@@ -22,7 +23,8 @@ start states built from the data matter (:func:`start_state_errors`). Engines:
 Also the training's wall time, and each engine's throughput in simulated robot-seconds per
 wall-second at 1 and ``--batch`` environments (no gradients), measured in the same run.
 
-    python -m benchmarks.learned_contact [--random 12] [--epochs 12,6,3,2] [--quick] [--set key.path=value]
+    python -m benchmarks.learned_contact [--random 68] [--epochs 8,4,2,1] [--windows-per-epoch 12000]
+        [--quick] [--set key.path=value]
 
 Prints one JSON object.
 """
@@ -102,10 +104,13 @@ def start_state_errors(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/pipeline/default.yaml")
-    parser.add_argument("--random", type=int, default=12, help="random policies (each one trajectory)")
+    parser.add_argument("--random", type=int, default=68, help="random policies (each one trajectory)")
     parser.add_argument("--targets", type=int, default=20, help="targets per random policy")
     parser.add_argument("--cycles", type=int, default=3, help="cycles of each published gait")
     parser.add_argument("--epochs", help="epochs of each curriculum length, comma-separated")
+    parser.add_argument(
+        "--windows-per-epoch", type=int, default=12000, help="training windows drawn per epoch (0: every window)"
+    )
     parser.add_argument("--batch", type=int, default=1024, help="environments of the batched throughput")
     parser.add_argument("--quick", action="store_true", help="a few short trajectories and epochs (a smoke test)")
     parser.add_argument("--set", action="append", help="override a config value: key.path=value (YAML), as the CLI")
@@ -119,8 +124,10 @@ def main() -> None:
     if args.quick:
         args.random, args.targets, args.cycles, args.batch = 4, 6, 1, 64
         curriculum = curriculum.updated({"lengths": [1, 2], "epochs": [2, 1], "learning_rates": [1e-3, 5e-4]})
-    elif args.epochs:
-        curriculum = curriculum.updated({"epochs": [int(e) for e in args.epochs.split(",")]})
+    else:
+        curriculum = curriculum.updated({"windows_per_epoch": args.windows_per_epoch or None})
+        if args.epochs:
+            curriculum = curriculum.updated({"epochs": [int(e) for e in args.epochs.split(",")]})
     tick_s = 1.0 / robot.pid.control_rate_hz
 
     began = time.perf_counter()

@@ -152,7 +152,8 @@ class LearnedEngine(Engine):
 
     @classmethod
     def of(cls, model: RobotModel, network: ContactNetwork, config: ContactModelConfig) -> LearnedEngine:
-        """The engine of ``model`` with ``network`` at the step and spin of ``config`` (``learn.model``)."""
+        """The engine of ``model`` with ``network`` and ``config``'s (``learn.model``) step, spin, lift
+        and rollout precision and compilation."""
         return cls(
             model,
             network,
