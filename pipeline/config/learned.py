@@ -34,7 +34,7 @@ class ContactModelConfig(StrictModel):
     inference_dtype: Literal["float32", "bfloat16"] = Field(
         default="float32",
         description="The network's precision in rollouts without gradients (training is float32): bfloat16 "
-        "runs fast on CPUs with AMX or AVX-512 BF16 and slower on others (docs/learned-contact.md).",
+        "speeds up large batches on CPUs with AMX or AVX-512 BF16, not small ones (docs/learned-contact.md).",
     )
     compile_rollouts: bool = Field(
         default=False,

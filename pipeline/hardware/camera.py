@@ -146,11 +146,11 @@ class RealSenseCamera(Camera):
                 # before start(): a bag played in real time drops the frames nobody reads yet
                 self._playback = config.resolve(self._pipeline).get_device().as_playback()
                 self._playback.set_real_time(False)
+                self._stopped = rs.playback_status.stopped
             profile = self._pipeline.start(config)
         except RuntimeError as exc:
             raise HardwareError(f"{self.source}: {exc}") from None
         device = profile.get_device()
-        self._stopped = rs.playback_status.stopped
         self._align = rs.align(rs.stream.color)
         color = profile.get_stream(rs.stream.color).as_video_stream_profile().get_intrinsics()
         self._info = CameraInfo(
