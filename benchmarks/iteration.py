@@ -6,9 +6,13 @@ sharing one local Prefect server (``flows.local_server``; the first command star
 1. ``r2s2r iterate -k 1``: one full iteration (collect on the twin ... evaluate);
 2. ``r2s2r campaign -n 2``: iteration 2, iteration 1 coming from the cache;
 3. ``r2s2r iterate -k 2``: every stage cached, so all of its time is overhead (imports, Prefect,
-   MLflow, cache look-ups);
-4. ``r2s2r rerun evaluate -k 2``: one stage recomputed, every upstream stage from the cache; the
-   **cached-rerun overhead** is the command's wall time minus the stage's own.
+   MLflow, cache look-ups), in its own process; it starts the command server as it exits
+   (``flows.command_server``: commands 1 and 2 run with ``R2S2R_COMMAND_SERVER=0``, so that
+   py-spy sees their work);
+4. once the command server serves, ``r2s2r iterate -k 2`` again, run by it;
+5. ``r2s2r rerun evaluate -k 2``, run by the command server: one stage recomputed, every upstream
+   stage from the cache; the **cached-rerun overhead** is the command's wall time minus the
+   stage's own.
 
 Per iteration and stage: the wall and CPU time (s) the iteration run logged in MLflow
 (``time/<stage>_wall_s``, ``time/<stage>_cpu_s``; CPU of every thread of the command's process).
@@ -42,6 +46,9 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from flows.command_server import LOG_FILE, SERVER_ENV
+from flows.command_server import stop as stop_command_server
 
 REPO = Path(__file__).resolve().parents[1]
 R2S2R = str(REPO / ".venv" / "bin" / "r2s2r")
@@ -135,6 +142,16 @@ def _stage_times(client, experiment: str) -> dict[str, dict[str, float]]:
     }
 
 
+def _wait_for_command_server(prefect_home: Path, timeout_s: float = 120.0) -> None:
+    """Until the command server of ``prefect_home`` has its imports done (its log says so)."""
+    log = prefect_home / LOG_FILE
+    deadline = time.monotonic() + timeout_s
+    while not (log.exists() and "serving" in log.read_text()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no command server within {timeout_s:.0f} s (its log: {log})")
+        time.sleep(0.2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small policy and search (a few minutes)")
@@ -152,17 +169,22 @@ def main() -> None:
             "MLFLOW_DISABLE_TELEMETRY": "true",
         }
         env.pop("PREFECT_API_URL", None)
+        env.pop(SERVER_ENV, None)
+        own_process = {**env, SERVER_ENV: "0"}
         from flows.local_server import stop
 
         try:
             profiles = [] if args.no_profile else [Path(tmp) / "iteration-1.txt", Path(tmp) / "campaign.txt"]
-            iteration_1 = _timed([R2S2R, "iterate", "-k", "1", *sets], env, *profiles[:1])
-            campaign_call = _timed([R2S2R, "campaign", "-n", "2", *sets], env, *profiles[1:])
+            iteration_1 = _timed([R2S2R, "iterate", "-k", "1", *sets], own_process, *profiles[:1])
+            campaign_call = _timed([R2S2R, "campaign", "-n", "2", *sets], own_process, *profiles[1:])
             costs = stage_costs(profiles)
             all_cached = _timed([R2S2R, "iterate", "-k", "2", *sets], env)
+            _wait_for_command_server(runs / ".prefect")
+            all_cached_served = _timed([R2S2R, "iterate", "-k", "2", *sets], env)
             rerun_cli = _timed([R2S2R, "rerun", "evaluate", "-k", "2", *sets], env)
         finally:
             stop(runs / ".prefect")
+            stop_command_server(runs / ".prefect")
 
         os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
         from storage.layout import RunLayout
@@ -185,6 +207,7 @@ def main() -> None:
                 "campaign_2_iterations_wall_s": iteration_1 + campaign_call,
                 "campaign_call_with_iteration_1_cached_wall_s": campaign_call,
                 "iterate_all_cached_cli_wall_s": all_cached,
+                "iterate_all_cached_cli_served_wall_s": all_cached_served,
                 "rerun_evaluate_cli_wall_s": rerun_cli,
                 "rerun_evaluate_stage_wall_s": rerun_stage,
                 "cached_rerun_overhead_s": rerun_cli - rerun_stage,

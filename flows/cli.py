@@ -47,6 +47,9 @@ LiveAddressOption = Annotated[
     str, typer.Option("--live-address", help="HOST:PORT of the live server (another host than 127.0.0.1 opens it).")
 ]
 DEFAULT_CONFIG = Path("configs/pipeline/default.yaml")
+_COMMAND_LINE: list[str] = []
+"""The arguments :func:`main` was given: a command that runs flows hands them to the command
+server (:mod:`flows.command_server`) where one runs; empty when the app is called otherwise."""
 P = ParamSpec("P")
 
 
@@ -120,9 +123,13 @@ def _load(config: Path, overrides: dict[str, object], create: bool = True, flows
     if create:
         layout.runs_dir.mkdir(parents=True, exist_ok=True)
     if flows:
+        from flows.command_server import delegate
         from flows.local_server import connect
 
-        connect(Path(os.environ["PREFECT_HOME"]))
+        prefect_home = Path(os.environ["PREFECT_HOME"])
+        connect(prefect_home)
+        if _COMMAND_LINE and (status := delegate(prefect_home, _COMMAND_LINE)) is not None:
+            raise typer.Exit(status)
     return configs
 
 
@@ -621,6 +628,8 @@ def deploy(
     out.print(f"watch it: Prefect UI {info.ui_url}")
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app()
+def main(prog_name: str | None = None) -> None:
+    """Console-script entry point (``prog_name``: the program's name in usage lines, where the
+    process's own name is not it)."""
+    _COMMAND_LINE[:] = sys.argv[1:]
+    app(prog_name=prog_name)
