@@ -31,6 +31,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -197,7 +198,11 @@ def _bind(path: Path) -> socket.socket | None:
                 return None
             path.unlink()  # left by a server that was killed
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(path))
+        umask = os.umask(0o177)  # the socket is its user's alone: whoever connects runs commands as them
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(umask)
         listener.listen(16)
         return listener
 
@@ -247,6 +252,10 @@ class CommandServer:
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
         fds: list[int] = []
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid != os.getuid():
+            conn.close()
+            return
         try:
             conn.settimeout(REQUEST_TIMEOUT_S)
             _, fds, _, _ = socket.recv_fds(conn, 1, 3)

@@ -77,6 +77,7 @@ def test_a_command_runs_in_the_server_with_its_own_streams_and_exit_status(home,
     in_process = subprocess.run(
         [str(REPO / ".venv" / "bin" / "r2s2r"), "--help"], capture_output=True, text=True, cwd=REPO, timeout=120
     )
+    assert (home / command_server.SOCKET_FILE).stat().st_mode & 0o077 == 0  # no one else may connect
     served = _client(home, "--help")
     assert served.returncode == 0, served.stderr
     assert "Usage" in served.stdout and served.stdout == in_process.stdout

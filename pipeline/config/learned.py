@@ -100,7 +100,7 @@ class LearnConfig(StrictModel):
     model: ContactModelConfig = ContactModelConfig()
     pretrain: PretrainConfig = PretrainConfig()
     fine_tune: CurriculumConfig = CurriculumConfig(
-        lengths=(2, 4, 8), epochs=(6, 4, 4), learning_rates=(2e-4, 1e-4, 5e-5), windows_per_epoch=1200
+        lengths=(2, 4, 8), epochs=(6, 4, 4), learning_rates=(2e-4, 1e-4, 5e-5), windows_per_epoch=800
     )
     weight_decay: Annotated[float, Field(ge=0)] = Field(default=1e-4, description="AdamW weight decay.")
     gradient_clip: Positive = Field(default=1.0, description="Largest norm of a step's gradient.")
