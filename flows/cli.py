@@ -114,7 +114,9 @@ def _load(config: Path, overrides: dict[str, object], create: bool = True, flows
     """The configs, with the process environment set for them (:mod:`flows.environment`) and,
     unless ``create`` is false, the runs folder created. With ``flows`` (a command that runs
     Prefect flows) Prefect is pointed at the runs folder's shared local server
-    (:mod:`flows.local_server`)."""
+    (:mod:`flows.local_server`). A command started by :func:`main` is then handed to the runs
+    folder's command server where one runs (:mod:`flows.command_server`): this process exits with
+    its status."""
     configs = load_all(config, overrides)
     from flows.environment import configure_environment
 
@@ -122,13 +124,15 @@ def _load(config: Path, overrides: dict[str, object], create: bool = True, flows
     configure_environment(layout)
     if create:
         layout.runs_dir.mkdir(parents=True, exist_ok=True)
+    prefect_home = Path(os.environ["PREFECT_HOME"])
     if flows:
-        from flows.command_server import delegate
         from flows.local_server import connect
 
-        prefect_home = Path(os.environ["PREFECT_HOME"])
         connect(prefect_home)
-        if _COMMAND_LINE and (status := delegate(prefect_home, _COMMAND_LINE)) is not None:
+    if _COMMAND_LINE and (create or prefect_home.is_dir()):
+        from flows.command_server import delegate
+
+        if (status := delegate(prefect_home, _COMMAND_LINE)) is not None:
             raise typer.Exit(status)
     return configs
 

@@ -1,21 +1,23 @@
-"""A process with the flows' imports done, kept running between commands, that runs them for the CLI.
+"""A process with the commands' imports done, kept running between commands, that runs them for the CLI.
 
-A command that runs flows spends most of a cached rerun importing torch, Prefect, MLflow and the
-stage table before its first stage. Beside the shared Prefect server (:mod:`flows.local_server`),
-each Prefect home (one per runs folder) can have a *command server*: a process that imports all of
-that once, then waits on a Unix socket in the Prefect home. A command that finds it hands it its
-arguments, working folder, environment and standard streams; the server forks a child that runs
-the command as the command would have run itself (the same streams, so its output, progress rows
-and exit status are the command's), and the command waits for the child's exit status. Ctrl-C in
-the command reaches the child's process group; a command that dies takes its child with it.
+A command spends seconds importing torch, Prefect, MLflow and the stage table before it does
+anything: most of a cached rerun, nearly all of ``status``. Beside the shared Prefect server
+(:mod:`flows.local_server`), each Prefect home (one per runs folder) can have a *command server*:
+a process that imports all of that once, then waits on a Unix socket in the Prefect home. A
+command that finds it hands it its arguments, working folder, environment and standard streams;
+the server forks a child that runs the command as the command would have run itself (the same
+streams, so its output, progress rows and exit status are the command's), and the command waits
+for the child's exit status. Ctrl-C in the command reaches the child's process group; a command
+that dies takes its child with it.
 
-The first command that finds no server runs in its own process and, as it exits, starts one for the
-next. The server stops after ``R2S2R_PREFECT_SERVER_IDLE_S`` seconds without a command (the shared
-Prefect server's setting; ``0``: neither server), and as soon as a command comes from another
-interpreter or project folder or the project's source files changed since it imported them: that
-command runs in its own process and starts a fresh server. ``R2S2R_COMMAND_SERVER=0`` runs every
-command in its own process. The server's log (one line per command: its arguments and exit
-status) is ``r2s2r-commands.log`` in the Prefect home.
+Every command that reads a runs folder's configs is handed on so (not ``serve-twin`` or
+``--help``). The first command that finds no server runs in its own process and, as it exits,
+starts one for the next. The server stops after ``R2S2R_PREFECT_SERVER_IDLE_S`` seconds without a
+command (the shared Prefect server's setting; ``0``: neither server), and as soon as a command
+comes from another interpreter or project folder or the project's source files changed since it
+imported them: that command runs in its own process and starts a fresh server.
+``R2S2R_COMMAND_SERVER=0`` runs every command in its own process. The server's log (one line per
+command: its arguments and exit status) is ``r2s2r-commands.log`` in the Prefect home.
 
 Run as ``python -m flows.command_server --idle-s S`` with ``PREFECT_HOME`` set (the CLI does).
 """
@@ -70,6 +72,9 @@ PRELOAD = (
     "flows.iteration",
     "flows.campaign",
     "flows.stages",
+    "flows.status",
+    "tasks.follow",
+    "storage.mcap_export",
 )
 """What the server imports once; everything a flow imports below these comes with them. The CLI
 module itself is imported by each command: its console looks at the command's terminal."""
