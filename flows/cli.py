@@ -48,8 +48,9 @@ LiveAddressOption = Annotated[
 ]
 DEFAULT_CONFIG = Path("configs/pipeline/default.yaml")
 _COMMAND_LINE: list[str] = []
-"""The arguments :func:`main` was given: a command that runs flows hands them to the command
-server (:mod:`flows.command_server`) where one runs; empty when the app is called otherwise."""
+"""The arguments :func:`main` was given: a command that reads a runs folder's configs hands them to
+its command server (:mod:`flows.command_server`) where one runs; empty when the app is called
+otherwise (tests' in-process runner)."""
 P = ParamSpec("P")
 
 
