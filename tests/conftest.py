@@ -6,6 +6,8 @@ import atexit
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 _PREFECT_HOME = tempfile.mkdtemp(prefix="r2s2r-test-prefect-")
@@ -28,6 +30,16 @@ from storage.layout import Ref, RunLayout, write_manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PIPELINE = REPO / "configs" / "pipeline" / "default.yaml"
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``condition()`` came true within ``timeout_s`` seconds (asked every 0.2 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def small_twin(twin: TwinConfig) -> TwinConfig:

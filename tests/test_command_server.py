@@ -10,12 +10,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from flows import command_server, local_server
+from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 IDLE_S = 60.0
@@ -30,15 +30,6 @@ sys.exit(99 if status is None else status)
 """A command handed to the server; 99: it was not."""
 
 
-def _wait_until(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def _serving(home: Path) -> bool:
     log = home / command_server.LOG_FILE
     return log.exists() and "serving" in log.read_text()
@@ -51,7 +42,7 @@ def home(tmp_path, monkeypatch):
     monkeypatch.delenv(command_server.SERVER_ENV, raising=False)
     prefect_home = tmp_path / ".prefect"
     command_server.start(prefect_home)
-    assert _wait_until(lambda: _serving(prefect_home), 120), (prefect_home / command_server.LOG_FILE).read_text()
+    assert wait_until(lambda: _serving(prefect_home), 120), (prefect_home / command_server.LOG_FILE).read_text()
     yield prefect_home
     command_server.stop(prefect_home)
 
@@ -94,10 +85,10 @@ def test_a_command_runs_in_the_server_with_its_own_streams_and_exit_status(home,
         log = (home / command_server.LOG_FILE).read_text()
         return "r2s2r --help -> 0" in log and "r2s2r campaign --config bad.yaml -> 2" in log
 
-    assert _wait_until(logged, 10)
+    assert wait_until(logged, 10)
 
     assert command_server.stop(home)
-    assert _wait_until(lambda: "stopped" in (home / command_server.LOG_FILE).read_text(), 30)
+    assert wait_until(lambda: "stopped" in (home / command_server.LOG_FILE).read_text(), 30)
     assert not command_server.running(home) and not command_server.stop(home)
 
 
@@ -130,7 +121,7 @@ def _serve_twin(home: Path) -> tuple[subprocess.Popen, int]:
         with socket.socket() as probe:
             return probe.connect_ex(("127.0.0.1", port)) == 0
 
-    assert _wait_until(answers, 120)
+    assert wait_until(answers, 120)
     return client, port
 
 
@@ -143,12 +134,12 @@ def test_ctrl_c_reaches_the_command_and_a_killed_command_takes_its_child_with_it
     client.kill()  # no chance to pass anything on
     client.wait(timeout=10)
     line = f"r2s2r serve-twin --port {port} -> 0"  # stopped by SIGTERM, which serve-twin takes as Ctrl-C
-    assert _wait_until(lambda: line in (home / command_server.LOG_FILE).read_text(), 30)
+    assert wait_until(lambda: line in (home / command_server.LOG_FILE).read_text(), 30)
 
 
 def test_a_command_from_elsewhere_or_after_a_source_change_is_refused_and_the_server_stops(home) -> None:
     assert _request(home, {"root": "/elsewhere"}) == {"refused": "stale"}
-    assert _wait_until(lambda: not command_server.running(home), 30)
+    assert wait_until(lambda: not command_server.running(home), 30)
     assert _client(home, "--help").returncode == 99  # nobody serves: the command runs in its own process
 
 
@@ -170,8 +161,8 @@ def test_an_idle_server_goes(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv(command_server.SERVER_ENV, raising=False)
     home = tmp_path / ".prefect"
     command_server.start(home)
-    assert _wait_until(lambda: _serving(home), 120)
-    assert _wait_until(lambda: "stopped" in (home / command_server.LOG_FILE).read_text(), 30)
+    assert wait_until(lambda: _serving(home), 120)
+    assert wait_until(lambda: "stopped" in (home / command_server.LOG_FILE).read_text(), 30)
     assert not command_server.running(home)
 
 
@@ -198,10 +189,10 @@ def test_the_cli_runs_a_flow_command_itself_then_hands_the_next_to_the_server_it
     try:
         first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert first.returncode == 2 and "unknown stage" in first.stderr
-        assert _wait_until(lambda: _serving(home), 120)  # started as the first command exited
+        assert wait_until(lambda: _serving(home), 120)  # started as the first command exited
         second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert (second.returncode, second.stderr) == (first.returncode, first.stderr)
-        assert _wait_until(lambda: "r2s2r rerun nosuch" in (home / command_server.LOG_FILE).read_text(), 10)
+        assert wait_until(lambda: "r2s2r rerun nosuch" in (home / command_server.LOG_FILE).read_text(), 10)
     finally:
         command_server.stop(home)
 

@@ -18,19 +18,11 @@ import pytest
 
 from flows import local_server
 from pipeline.errors import R2S2RError
+from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 IDLE_S = 3.0
 """Short enough for the test, long enough that a flow's requests come well within it."""
-
-
-def _wait_until(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def _alive(pid: int) -> bool:
@@ -93,7 +85,7 @@ def test_commands_share_one_server_until_it_is_idle(tmp_path, monkeypatch) -> No
         time.sleep(2.5 * IDLE_S)
         assert local_server.running_server(home) is not None
         assert command.wait(timeout=60) == 0
-        assert _wait_until(lambda: not _alive(started[0]), IDLE_S + 15)  # idle: gone
+        assert wait_until(lambda: not _alive(started[0]), IDLE_S + 15)  # idle: gone
         assert local_server.running_server(home) is None
 
         monkeypatch.delenv("PREFECT_API_URL")
