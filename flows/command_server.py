@@ -244,7 +244,7 @@ class CommandServer:
         conn, _ = self.listener.accept()
         fds: list[int] = []
         _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-        if uid != os.getuid():
+        if uid != os.getuid():  # an abstract socket has no file permissions: its own user's commands only
             conn.close()
             return
         try:
