@@ -47,7 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flows.command_server import LOG_FILE, SERVER_ENV
+from flows.command_server import SERVER_ENV, running
 from flows.command_server import stop as stop_command_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,16 +142,6 @@ def _stage_times(client, experiment: str) -> dict[str, dict[str, float]]:
     }
 
 
-def _wait_for_command_server(prefect_home: Path, timeout_s: float = 120.0) -> None:
-    """Until the command server of ``prefect_home`` has its imports done (its log says so)."""
-    log = prefect_home / LOG_FILE
-    deadline = time.monotonic() + timeout_s
-    while not (log.exists() and "serving" in log.read_text()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no command server within {timeout_s:.0f} s (its log: {log})")
-        time.sleep(0.2)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small policy and search (a few minutes)")
@@ -179,7 +169,11 @@ def main() -> None:
             campaign_call = _timed([R2S2R, "campaign", "-n", "2", *sets], own_process, *profiles[1:])
             costs = stage_costs(profiles)
             all_cached = _timed([R2S2R, "iterate", "-k", "2", *sets], env)
-            _wait_for_command_server(runs / ".prefect")
+            deadline = time.monotonic() + 120
+            while not running(runs / ".prefect"):  # the command server listens once its imports are done
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no command server within 120 s")
+                time.sleep(0.2)
             all_cached_served = _timed([R2S2R, "iterate", "-k", "2", *sets], env)
             rerun_cli = _timed([R2S2R, "rerun", "evaluate", "-k", "2", *sets], env)
         finally:

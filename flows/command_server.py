@@ -50,8 +50,8 @@ debugger sees the command's work); the server's children have it, so a command i
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SOURCE_PACKAGES = ("flows", "pipeline", "storage", "tasks")
 FIRST_REPLY_TIMEOUT_S = 120.0
-"""How long a command waits for the server to take it (a server that has just started finishes its
-imports first) before it runs in its own process; the server drops a command whose side closed."""
+"""How long a command waits for the server to take it before it runs in its own process; the
+server drops a command whose side closed."""
 REQUEST_TIMEOUT_S = 5.0
 """How long the server waits for a connected command's request."""
 ORPHAN_GRACE_S = 2.0
@@ -91,7 +91,7 @@ def socket_address(prefect_home: Path) -> str:
 
 
 def running(prefect_home: Path) -> bool:
-    """Whether a command server of ``prefect_home`` takes connections."""
+    """Whether a command server of ``prefect_home`` takes commands (it listens once its imports are done)."""
     with contextlib.closing(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)) as probe:
         try:
             probe.connect(socket_address(prefect_home))
@@ -127,10 +127,8 @@ def delegate(prefect_home: Path, argv: list[str]) -> int | None:
         first = json.loads(replies.readline() or b"{}")
         sock.settimeout(None)
     except (OSError, ValueError):
-        sock.close()
-        atexit.register(start, prefect_home)
-        return None
-    if "pid" not in first:  # refused (stale): it stops; this process runs the command and starts another
+        first = {}
+    if "pid" not in first:  # none answered, or it refused (stale) and stops: run here, start another after
         sock.close()
         atexit.register(start, prefect_home)
         return None
@@ -189,15 +187,14 @@ def stop(prefect_home: Path) -> bool:
 
 
 def _bind(address: str) -> socket.socket | None:
-    """Listen on ``address``; None where another server does already (two started at once: one
-    binds, the other leaves)."""
+    """A socket bound to ``address``; None where another server has it (two started at once: one
+    binds, the other leaves before its imports). Commands connect once it listens."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(address)
     except OSError:
         listener.close()
         return None
-    listener.listen(16)
     return listener
 
 
@@ -404,6 +401,7 @@ def main() -> None:
     start_s = time.perf_counter()
     for module in PRELOAD:
         importlib.import_module(module)
+    listener.listen(16)
     _log(f"serving {prefect_home} (imports {time.perf_counter() - start_s:.1f} s)")
     CommandServer(listener, args.idle_s).serve()
     _log("stopped")
