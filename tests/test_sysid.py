@@ -11,7 +11,7 @@ import torch
 
 from pipeline.config import PriorConfig, SysidConfig, robot_with_overlay
 from pipeline.errors import ConfigError, DataError
-from pipeline.physics import BOUNDS, Engine, Params, RobotModel
+from pipeline.physics import BOUNDS, Engine, Params, RobotModel, State
 from pipeline.physics.params import robot_overlay, robot_values
 from pipeline.physics.rollout import settle, state_from_caps
 from pipeline.physics.statics import equilibrium_rest_lengths
@@ -737,6 +737,37 @@ def test_fitted_starts_carry_the_lead_ins_and_lower_the_key_frame_error(engine, 
     assert scored_errors[1] < 0.9 * scored_errors[0]
 
 
+def test_start_states_are_fitted_in_the_estimator_and_the_lead_ins_run_in_the_loss_engine(default_configs) -> None:
+    """``with_fitted_starts(params, estimator)``: every Levenberg-Marquardt rollout (one robot per
+    lead-in and coordinate) runs in the estimator, only the lead-ins' carry (one robot per lead-in)
+    in the loss's engine; with the same physics in both the starts are those of the default fit."""
+    robot = default_configs.robot
+    model = RobotModel.from_robot(robot)
+
+    class Counted(Engine):
+        def __init__(self) -> None:
+            super().__init__(model, dt=DT)
+            self.batches: list[int] = []
+
+        def steps(self, params: Params, state: State, control: torch.Tensor, n: int) -> State:
+            self.batches.append(state.batch_size)
+            return super().steps(params, state, control, n)
+
+    truth = Params.from_robot(robot, motor_speed=0.7)
+    loss_engine, estimator = Counted(), Counted()
+    data = engine_recording(loss_engine, truth, robot, random_policy(robot, 8, seed=2).targets, caps_noise_m=0.002)
+    gaits = split_gaits(data, robot, 8.0)
+    config = SysidConfig().updated({"dt_s": DT, "loss.chunk_s": 1.0, "start_fit.iterations": 1})
+    observed = KeyFrameLoss(loss_engine, robot, {data.name: data}, gaits, truth, config)
+    leads = int(observed.lead_in.sum())
+    loss_engine.batches.clear()
+    fitted = observed.with_fitted_starts(truth, estimator)
+    assert leads >= 2 and set(loss_engine.batches) == {leads}
+    assert set(estimator.batches) == {leads, leads * COORDINATES}
+    default = observed.with_fitted_starts(truth)
+    torch.testing.assert_close(fitted.starts.caps_m, default.starts.caps_m, rtol=0, atol=1e-12)
+
+
 def test_gaits_that_do_not_start_the_recording_begin_with_a_lead_in(engine, default_configs) -> None:
     """Held-out gaits are a recording's last ones: the robot is moving where the first of them
     starts, so that chunk starts with a lead-in like every later one. Only a chunk that starts at
@@ -771,8 +802,8 @@ def test_replay_runs_the_gait_before_the_held_out_ones_as_their_lead_in(
     seen = []
 
     class Spied(KeyFrameLoss):
-        def with_fitted_starts(self, params: Params) -> KeyFrameLoss:
-            fitted = super().with_fitted_starts(params)
+        def with_fitted_starts(self, params: Params, estimator: Engine | None = None) -> KeyFrameLoss:
+            fitted = super().with_fitted_starts(params, estimator)
             seen.append((self, fitted))
             return fitted
 

@@ -202,7 +202,7 @@ class KeyFrameLoss:
         other.starts = replace(self.starts, state=state, caps_m=self.engine.cap_positions(state).detach())
         return other
 
-    def with_fitted_starts(self, params: Params) -> KeyFrameLoss:
+    def with_fitted_starts(self, params: Params, estimator: Engine | None = None) -> KeyFrameLoss:
         """This loss with each lead-in chunk started where its lead-in ends, and the lead-in gait no
         longer run: its settled observation is fitted with ``params`` (one environment) to the data
         of the lead-in's first ``config.start_fit.span_s``
@@ -213,7 +213,8 @@ class KeyFrameLoss:
         rest there). Always fitted from the settled observations (:attr:`observed`); with
         ``config.start_fit.iterations`` 0 the lead-ins run from them as they are, which scores the
         gaits as this loss does. Commands still in flight at a lead-in's end (a control latency)
-        are not carried over."""
+        are not carried over. ``estimator`` (by default this loss's engine) is the engine the starts
+        are fitted in, the state estimator; the lead-ins run in this loss's engine."""
         source = self.observed
         rows = np.flatnonzero(source.lead_in)
         if not len(rows):
@@ -228,7 +229,7 @@ class KeyFrameLoss:
             for k in rows
         ]
         fitted = fit_start_states(
-            self.engine,
+            estimator or self.engine,
             params,
             self.robot,
             replace(source.starts, state=source.starts.state.index(index)),

@@ -94,6 +94,7 @@ def replay_recordings(
     robot: RobotConfig,
     held: dict[str, tuple[Recording, list[Gait], float]],
     config: SysidConfig,
+    estimator: Engine | None = None,
 ) -> dict[str, Replay]:
     """:func:`replay` of each recording's gaits: ``held`` maps a name to a recording (of that name),
     its gaits (consecutive) and its segment timeout (s); the replays are keyed the same way. The
@@ -113,7 +114,7 @@ def replay_recordings(
         params,
         config.updated({"loss.mask_filter": False}),
         leads=[lead for lead in leads if lead is not None],
-    ).with_fitted_starts(params)
+    ).with_fitted_starts(params, estimator)
     with torch.no_grad():
         scored = keyframes(params)
     of_gait = np.array([g.recording for g in keyframes.gaits])
