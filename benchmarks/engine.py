@@ -19,7 +19,10 @@ With ``--drift``, how far float32 rollouts (eager: the kernel is float64) end fr
 distance after each second.
 
 The anchor, measured in the same run: MuJoCo stepping the twin's model of the same robot single-threaded
-(``mj_step``), in steps per second. Prints one JSON object (last line).
+(``mj_step``), in steps per second. Both are measured a step per call and a control tick per call
+(``compiled_tick_...``: :meth:`Engine.steps` with a tick's steps, as the rollouts call it; MuJoCo's
+``mj_step`` with ``nstep``), so that neither side's cost of a call from Python is counted against
+the other's. Prints one JSON object (last line).
 
 Usage: ``python -m benchmarks.engine [--quick] [--compile] [--drift] [--dtype float32] [--batches 1,64,1024,4096]``.
 """
@@ -30,6 +33,7 @@ import argparse
 import json
 import os
 import time
+from functools import partial
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -110,14 +114,18 @@ def _float32_drift(robot, batch: int = 64, dt: float = 0.005, steps: int = 1000)
     }
 
 
-def _mujoco_steps_per_s(configs, seconds: float) -> float:
+def _mujoco_steps_per_s(configs, seconds: float, per_call_s: float = 0.0) -> float:
+    """MuJoCo's steps per second on the twin's model, single-threaded: one ``mj_step`` call per step,
+    or with ``per_call_s`` one call per that much simulated time (``nstep``: a control tick's steps
+    in one call, as :meth:`Engine.steps` takes them)."""
     twin = MujocoTwin(configs.robot, configs.twin)
     twin.reset()
-    steps = round(seconds / twin.model.opt.timestep)
+    per_call = max(1, round(per_call_s / twin.model.opt.timestep))
+    calls = max(1, round(seconds / twin.model.opt.timestep / per_call))
     start = time.perf_counter()
-    for _ in range(steps):
-        mujoco.mj_step(twin.model, twin.data)
-    return steps / (time.perf_counter() - start)
+    for _ in range(calls):
+        mujoco.mj_step(twin.model, twin.data, per_call)
+    return calls * per_call / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -139,6 +147,8 @@ def main() -> None:
         else ([1, 64, 1024] if args.quick else [1, 64, 1024, 4096])
     )
     budget = 2e4 if args.quick else 2e5  # env-steps per measurement, roughly
+    tick_s = 1.0 / robot.pid.control_rate_hz
+    tick_steps = round(tick_s / engine.dt)
     results = {}
     for batch in batches:
         steps = int(max(5, min(300, budget // batch)))
@@ -162,9 +172,13 @@ def main() -> None:
             entry["compiled_forward_env_steps_per_s"] = batch * steps / compiled_forward
             entry["compiled_forward_backward_env_steps_per_s"] = batch * steps / compiled_both
             entry["compiled_backward_ratio"] = compiled_both / compiled_forward
+            calls = max(10, steps // tick_steps)
+            compiled_tick = _forward(partial(fast.steps, n=tick_steps), params, state, control, calls)
+            entry["compiled_tick_forward_env_steps_per_s"] = batch * calls * tick_steps / compiled_tick
         results[f"batch_{batch}"] = entry
     drift = _float32_drift(robot) if args.drift else None
     anchor = _mujoco_steps_per_s(configs, 2.0 if args.quick else 10.0)
+    tick_anchor = _mujoco_steps_per_s(configs, 2.0 if args.quick else 10.0, tick_s)
     print(
         json.dumps(
             {
@@ -179,6 +193,13 @@ def main() -> None:
                     name: entry["compiled_forward_env_steps_per_s"] / anchor
                     for name, entry in results.items()
                     if "compiled_forward_env_steps_per_s" in entry
+                },
+                "tick_steps": tick_steps,
+                "anchor_mujoco_tick_steps_per_s": tick_anchor,
+                "compiled_tick_over_mujoco_tick": {
+                    name: entry["compiled_tick_forward_env_steps_per_s"] / tick_anchor
+                    for name, entry in results.items()
+                    if "compiled_tick_forward_env_steps_per_s" in entry
                 },
                 "targets": {
                     "compiled_batch_1_steps_per_s": 5000,
