@@ -58,6 +58,10 @@ HEADLINE = {
     "evaluate/gap.learned.heading_error_deg": "heading_gap_learned_deg",
     "evaluate/gap.truth.com_error_m": "gap_truth_m",
     "evaluate/gap.truth.heading_error_deg": "heading_gap_truth_deg",
+    "evaluate/gap.before.com_error_median_m": "gap_median_before_m",
+    "evaluate/gap.after.com_error_median_m": "gap_median_after_m",
+    "evaluate/gap.learned.com_error_median_m": "gap_median_learned_m",
+    "evaluate/gap.truth.com_error_median_m": "gap_median_truth_m",
     "sysid/holdout.before.key_frame_error_mm": "heldout_before_mm",
     "sysid/holdout.after.key_frame_error_mm": "heldout_after_mm",
     "sysid/holdout.truth.key_frame_error_mm": "heldout_truth_mm",
@@ -69,7 +73,7 @@ HEADLINE = {
 }
 """The figures that say whether an iteration worked, by their stage metric: the sim-to-real gap
 of the redeploy runs before and after identification, in the learned engine and (on the twin)
-with the twin's own values (final centre of mass, m; heading, deg),
+with the twin's own values (final centre of mass, m, mean and median over the runs; heading, deg),
 the held-out key-frame error before, after and (on the twin) with the twin's own values (mm),
 the chosen policies' motion in the engine and on the robot; besides these, every identified
 value and, on the twin, its error against the truth (:data:`HEADLINE_PREFIXES`)."""

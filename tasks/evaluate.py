@@ -121,8 +121,10 @@ def gap_rows(runs: list[Run], real: list[np.ndarray], sims: dict[str, list[np.nd
 
 
 def gap_summary(rows: list[dict]) -> dict[str, float]:
-    """Mean gap figures per policy and engine, and over all runs per engine; how many of those runs
-    the engine folded flat (``sim_collapsed_runs``)."""
+    """Mean gap figures per policy and engine, and over all runs per engine; the median final CoM
+    error (``com_error_median_m``: a run's gap is nearly all or nothing, a roll taken or not, so
+    one run can decide a mean over six); how many of those runs the engine folded flat
+    (``sim_collapsed_runs``)."""
     summary: dict[str, float] = {}
     groups = [
         (f"{policy}.", [r for r in rows if r["policy"] == policy])
@@ -134,6 +136,7 @@ def gap_summary(rows: list[dict]) -> dict[str, float]:
             own = [r for r in group if r["engine"] == label]
             for key in ("com_error_m", "com_error_pct_rod", "heading_error_deg"):
                 summary[f"gap.{label}.{prefix}{key}"] = float(np.mean([r[key] for r in own]))
+            summary[f"gap.{label}.{prefix}com_error_median_m"] = float(np.median([r["com_error_m"] for r in own]))
             summary[f"gap.{label}.{prefix}sim_collapsed_runs"] = float(sum(r["sim_collapsed"] for r in own))
     return summary
 
@@ -207,13 +210,14 @@ def summary_markdown(
     lines += [
         "## Sim-to-real gap (held-out redeploy runs)",
         "",
-        f"| runs | CoM error {order} (m) | heading error {order} (deg) |",
-        "|---|---|---|",
+        f"| runs | CoM error {order} (m) | heading error {order} (deg) | median CoM error (m) |",
+        "|---|---|---|---|",
     ]
     for prefix in [*(f"{p}." for p in policies), ""]:
         com = " → ".join(f"{gap[f'gap.{label}.{prefix}com_error_m']:.3f}" for label in present)
         heading = " → ".join(f"{gap[f'gap.{label}.{prefix}heading_error_deg']:.1f}" for label in present)
-        lines.append(f"| {prefix[:-1] or 'all'} | {com} | {heading} |")
+        median = " → ".join(f"{gap[f'gap.{label}.{prefix}com_error_median_m']:.3f}" for label in present)
+        lines.append(f"| {prefix[:-1] or 'all'} | {com} | {heading} | {median} |")
     sysid = read_manifest(refs["sysid"], verify_files=False)["summary"]
     lines += [
         "",

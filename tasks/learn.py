@@ -151,7 +151,8 @@ def run_learn(configs: LoadedConfigs, iteration: int, data: SysidData) -> tuple[
     with progress("learn pre-training", epochs, "epochs", "validation {loss:.3g}", loss=float("nan")) as row:
 
         def advance(epoch: Epoch) -> None:
-            row.advance(loss=epoch.validation_loss)
+            validated = not math.isnan(epoch.validation_loss)
+            row.advance(**({"loss": epoch.validation_loss} if validated else {}))
 
         network, pretrained = pretrained_network(configs, advance)
         row.update(completed=0, total=sum(learn.fine_tune.epochs), description="learn fine-tuning")

@@ -568,3 +568,42 @@ def test_an_epoch_takes_at_most_windows_per_epoch(default_configs) -> None:
         )
         result = train(engine, params, along[1:], along[:1], 0.02, learn, curriculum)
         assert [e.steps for e in result.history] == [steps_per_epoch, 2 * steps_per_epoch]
+
+
+def test_validation_runs_at_each_lengths_end_and_every_epoch_of_the_last(default_configs) -> None:
+    """By default the validation loss is computed after each rollout length's last epoch and after
+    every epoch of the last length (the others' is NaN), and the kept checkpoint is the validated
+    epoch with the lowest loss; ``validate_every_epoch`` validates them all. The weights trained
+    are the same either way: validation draws nothing."""
+    import math
+
+    from pipeline.learned.training import train
+    from storage.contact_model import build_network
+    from tasks.learn import pretraining_data
+
+    configs = default_configs.updated({**TINY_TRAINING, "pipeline.learn.batch_size": 8})
+    learn = configs.pipeline.learn
+    model, params = RobotModel.from_robot(configs.robot), Params.from_robot(configs.robot)
+    trajectories = pretraining_data(configs)[:2]
+    results = []
+    for every in (False, True):
+        network = build_network(model, learn.model, learn.seed)
+        engine = LearnedEngine.of(model, network, learn.model)
+        along = [states_along(engine, params, network.graph, t, 0.0) for t in trajectories]
+        curriculum = learn.pretrain.curriculum.updated(
+            {
+                "lengths": [1, 2],
+                "epochs": [3, 2],
+                "learning_rates": [1e-3, 5e-4],
+                "windows_per_epoch": 16,
+                "validate_every_epoch": every,
+            }
+        )
+        results.append(train(engine, params, along[1:], along[:1], 0.02, learn, curriculum))
+    few, every = ([not math.isnan(e.validation_loss) for e in r.history] for r in results)
+    assert few == [False, False, True, True, True] and every == [True] * 5
+    for result in results:
+        validated = [e for e in result.history if not math.isnan(e.validation_loss)]
+        assert result.best == min(validated, key=lambda e: e.validation_loss)
+    losses = [[e.validation_loss for e in r.history] for r in results]
+    assert losses[0][2:] == losses[1][2:]

@@ -120,6 +120,7 @@ def test_redeploy_keeps_finished_runs_through_a_fault_and_resumes(tmp_path: Path
     assert summary["repeatability.turning.rotation_deg_mean"] == pytest.approx(real.mean())
     assert gap_summary["gap.after.com_error_m"] == pytest.approx(after["com_error_m"].mean())
     assert gap_summary["gap.after.turning.com_error_m"] == pytest.approx(after["com_error_m"].mean())
+    assert gap_summary["gap.after.com_error_median_m"] == pytest.approx(after["com_error_m"].median())
     markdown = (Path(evaluated.path) / SUMMARY_FILE).read_text()
     means = (gap[gap["engine"] == e]["com_error_m"].mean() for e in ("before", "after", "learned", "truth"))
     assert "| turning | {:.3f} → {:.3f} → {:.3f} → {:.3f} |".format(*means) in markdown
@@ -163,12 +164,19 @@ def test_summary_shows_the_gap_and_the_identified_values_against_the_twins_truth
             "heading_error_deg": deg,
             "sim_collapsed": flat,
         }
-        for engine, com, deg, flat in (("before", 0.5, 10.0, True), ("after", 0.2, 5.0, False))
+        for engine, com, deg, flat in (
+            ("before", 0.5, 10.0, True),
+            ("after", 0.2, 5.0, False),
+            ("after", 0.01, 3.0, False),
+            ("after", 0.03, 7.0, False),
+        )
     ]
     gap = gap_summary(rows)
+    assert gap["gap.after.com_error_median_m"] == pytest.approx(0.03)  # the mean is 0.08
     assert gap["gap.before.sim_collapsed_runs"] == 1 and gap["gap.after.straight.sim_collapsed_runs"] == 0
     markdown = summary_markdown(configs, 1, gap, refs, "MLflow run `abc`")
     truth = float(twin_true_params(configs.robot, configs.twin).friction[0])
     assert f"| friction | 0.8 | 0.6 | 0.5 to 0.7 | {truth:.4g} | {100 * (0.6 - truth) / truth:+.1f} |" in markdown
-    assert "| straight | 0.500 → 0.200 | 10.0 → 5.0 |" in markdown and "| all | 0.500 → 0.200 |" in markdown
+    assert "| straight | 0.500 → 0.080 | 10.0 → 5.0 | 0.500 → 0.030 |" in markdown
+    assert "| all | 0.500 → 0.080 |" in markdown
     assert "MLflow run `abc`" in markdown and "- forward.forward_m: 0.300" in markdown

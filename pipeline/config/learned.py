@@ -63,6 +63,11 @@ class CurriculumConfig(StrictModel):
         description="At most this many training windows per epoch, drawn afresh each epoch (null: every "
         "window), so the cost of an epoch stops growing with the data.",
     )
+    validate_every_epoch: bool = Field(
+        default=False,
+        description="Validate after every epoch (false: after each length's last epoch and every epoch of "
+        "the last length, where the kept checkpoint comes from but on a failed last length).",
+    )
 
     @model_validator(mode="after")
     def _one_value_per_length(self) -> CurriculumConfig:

@@ -167,7 +167,8 @@ def train(
 ) -> TrainingResult:
     """Train ``engine.network`` on ``train_data`` through ``curriculum`` (with ``config``'s batch
     size, weight decay, clip and seed) and keep the weights of the epoch with the lowest
-    validation loss on ``validation_data`` (rollouts of the curriculum's longest length).
+    validation loss on ``validation_data`` (rollouts of the curriculum's longest length), among the
+    epochs validated (``curriculum.validate_every_epoch``; the others' loss is NaN).
     ``fit_statistics``: set the normalisation from ``train_data`` first (a fine-tuned model
     keeps its pre-training's). ``params`` (one environment) drives the analytic forces."""
     if not train_data or not validation_data:
@@ -188,7 +189,8 @@ def train(
     ):
         data = windows(train_data, length)
         optimiser = torch.optim.AdamW(network.parameters(), lr=lr, weight_decay=config.weight_decay)
-        for _ in range(epochs):
+        last_phase = phase == len(curriculum.lengths) - 1
+        for epoch in range(epochs):
             order = torch.randperm(len(data), generator=generator)[: curriculum.windows_per_epoch]
             total, counted, skipped = 0.0, 0, 0
             for i in range(0, len(order), config.batch_size):
@@ -214,13 +216,17 @@ def train(
                 length=length,
                 epoch=len(history),
                 train_loss=total / counted if counted else math.inf,
-                validation_loss=_mean_loss(engine, params, longest, tick_s, config.batch_size),
+                validation_loss=_mean_loss(engine, params, longest, tick_s, config.batch_size)
+                if curriculum.validate_every_epoch or last_phase or epoch == epochs - 1
+                else math.nan,
                 steps=steps,
                 skipped=skipped,
                 wall_s=time.perf_counter() - began,
             )
             history.append(record)
-            if best is None or record.validation_loss < best.validation_loss:
+            if not math.isnan(record.validation_loss) and (
+                best is None or record.validation_loss < best.validation_loss
+            ):
                 best = record
                 best_state = copy.deepcopy(network.state_dict())
             if progress is not None:
