@@ -128,6 +128,11 @@ def _mujoco_steps_per_s(configs, seconds: float, per_call_s: float = 0.0) -> flo
     return calls * per_call / (time.perf_counter() - start)
 
 
+def _ratios(results: dict[str, dict], key: str, anchor: float) -> dict[str, float]:
+    """Each batch's figure ``key`` over ``anchor``, where the batch has it."""
+    return {name: entry[key] / anchor for name, entry in results.items() if key in entry}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and batches (under a minute)")
@@ -189,18 +194,12 @@ def main() -> None:
                 "engine": results,
                 "float32_drift": drift,
                 "anchor_mujoco_steps_per_s": anchor,
-                "compiled_over_mujoco": {
-                    name: entry["compiled_forward_env_steps_per_s"] / anchor
-                    for name, entry in results.items()
-                    if "compiled_forward_env_steps_per_s" in entry
-                },
+                "compiled_over_mujoco": _ratios(results, "compiled_forward_env_steps_per_s", anchor),
                 "tick_steps": tick_steps,
                 "anchor_mujoco_tick_steps_per_s": tick_anchor,
-                "compiled_tick_over_mujoco_tick": {
-                    name: entry["compiled_tick_forward_env_steps_per_s"] / tick_anchor
-                    for name, entry in results.items()
-                    if "compiled_tick_forward_env_steps_per_s" in entry
-                },
+                "compiled_tick_over_mujoco_tick": _ratios(
+                    results, "compiled_tick_forward_env_steps_per_s", tick_anchor
+                ),
                 "targets": {
                     "compiled_batch_1_steps_per_s": 5000,
                     "compiled_batch_4096_env_steps_per_s": 1_000_000,
