@@ -586,7 +586,7 @@ def test_validation_runs_at_each_lengths_end_and_every_epoch_of_the_last(default
     model, params = RobotModel.from_robot(configs.robot), Params.from_robot(configs.robot)
     trajectories = pretraining_data(configs)[:2]
     results = []
-    for every in (False, True):
+    for validate_all in (False, True):
         network = build_network(model, learn.model, learn.seed)
         engine = LearnedEngine.of(model, network, learn.model)
         along = [states_along(engine, params, network.graph, t, 0.0) for t in trajectories]
@@ -596,7 +596,7 @@ def test_validation_runs_at_each_lengths_end_and_every_epoch_of_the_last(default
                 "epochs": [3, 2],
                 "learning_rates": [1e-3, 5e-4],
                 "windows_per_epoch": 16,
-                "validate_every_epoch": every,
+                "validate_every_epoch": validate_all,
             }
         )
         results.append(train(engine, params, along[1:], along[:1], 0.02, learn, curriculum))

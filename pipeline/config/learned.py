@@ -65,8 +65,8 @@ class CurriculumConfig(StrictModel):
     )
     validate_every_epoch: bool = Field(
         default=False,
-        description="Validate after every epoch (false: after each length's last epoch and every epoch of "
-        "the last length, where the kept checkpoint comes from but on a failed last length).",
+        description="Validate after every epoch (false: after each length's last epoch and after every epoch "
+        "of the last length, which is where the kept checkpoint comes from unless the last length fails).",
     )
 
     @model_validator(mode="after")
