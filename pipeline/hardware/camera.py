@@ -173,11 +173,13 @@ class RealSenseCamera(Camera):
         out = []
         while not self._played:
             if self._playback is not None:
-                ok, frameset = self._pipeline.try_wait_for_frames(200)
+                stopped = self._playback.current_status() == self._stopped
+                ok, frameset = self._pipeline.try_wait_for_frames(1000 if stopped else 200)
                 if not ok:
-                    # a slow machine may take longer than the wait to read a frame: only a stopped
-                    # playback is played out
-                    self._played = self._playback.current_status() == self._stopped
+                    # a slow machine may take longer than a wait to read a frame, and a stopped playback's
+                    # last frames may still be on their way: played out is a wait begun after the stop
+                    # that brings nothing
+                    self._played = stopped
                     continue
             else:
                 frameset = self._pipeline.poll_for_frames()
