@@ -47,7 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flows.command_server import SERVER_ENV, running
+from flows.command_server import SERVER_ENV, wait_running
 from flows.command_server import stop as stop_command_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -169,11 +169,8 @@ def main() -> None:
             campaign_call = _timed([R2S2R, "campaign", "-n", "2", *sets], own_process, *profiles[1:])
             costs = stage_costs(profiles)
             all_cached = _timed([R2S2R, "iterate", "-k", "2", *sets], env)
-            deadline = time.monotonic() + 120
-            while not running(runs / ".prefect"):  # the command server listens once its imports are done
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no command server within 120 s")
-                time.sleep(0.2)
+            if not wait_running(runs / ".prefect", 120):
+                raise RuntimeError("no command server within 120 s")
             all_cached_served = _timed([R2S2R, "iterate", "-k", "2", *sets], env)
             rerun_cli = _timed([R2S2R, "rerun", "evaluate", "-k", "2", *sets], env)
         finally:

@@ -100,6 +100,17 @@ def running(prefect_home: Path) -> bool:
     return True
 
 
+def wait_running(prefect_home: Path, timeout_s: float) -> bool:
+    """Whether a command server of ``prefect_home`` takes commands within ``timeout_s`` seconds
+    (asked every 0.2 s): one just started listens once its imports are done."""
+    deadline = time.monotonic() + timeout_s
+    while not running(prefect_home):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def _enabled() -> bool:
     return sys.platform == "linux" and os.environ.get(SERVER_ENV, "1") != "0" and idle_seconds() > 0
 

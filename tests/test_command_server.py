@@ -37,7 +37,7 @@ def home(tmp_path, monkeypatch):
     monkeypatch.delenv(command_server.SERVER_ENV, raising=False)
     prefect_home = tmp_path / ".prefect"
     command_server.start(prefect_home)
-    assert wait_until(lambda: command_server.running(prefect_home), 120)
+    assert command_server.wait_running(prefect_home, 120)
     yield prefect_home
     command_server.stop(prefect_home)
 
@@ -156,7 +156,7 @@ def test_an_idle_server_goes(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv(command_server.SERVER_ENV, raising=False)
     home = tmp_path / ".prefect"
     command_server.start(home)
-    assert wait_until(lambda: command_server.running(home), 120)
+    assert command_server.wait_running(home, 120)
     assert wait_until(lambda: "stopped" in (home / command_server.LOG_FILE).read_text(), 30)
     assert not command_server.running(home)
 
@@ -184,7 +184,7 @@ def test_the_cli_runs_a_flow_command_itself_then_hands_the_next_to_the_server_it
     try:
         first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert first.returncode == 2 and "unknown stage" in first.stderr
-        assert wait_until(lambda: command_server.running(home), 120)  # started as the first command exited
+        assert command_server.wait_running(home, 120)  # started as the first command exited
         second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert (second.returncode, second.stderr) == (first.returncode, first.stderr)
         assert wait_until(lambda: "r2s2r rerun nosuch" in (home / command_server.LOG_FILE).read_text(), 10)
