@@ -24,7 +24,7 @@ from pipeline.sysid.identify import identify, identify_staged, planned_steps, ro
 from pipeline.sysid.keyframes import key_frame_offsets, mask_filter
 from pipeline.sysid.latency import best_latency, latency_robot, with_latency
 from pipeline.sysid.losses import KeyFrameLoss, LossValue, Population, make_loss
-from pipeline.sysid.parameters import ParameterSpace
+from pipeline.sysid.parameters import ParameterSpace, search_bounds
 from pipeline.sysid.start_fit import COORDINATES, LeadIn, StartResiduals, difference, perturbed
 from pipeline.sysid.synthetic import engine_recording, exact_states
 from pipeline.sysid.validate import replay, replay_recordings, split_holdout
@@ -276,8 +276,55 @@ def test_latency_is_chosen_at_each_candidates_best_motor_speed(default_configs) 
     assert choice.latency_s == 0.06
     assert choice.motor_speeds[0.06] == pytest.approx(0.8, rel=0.04)
     assert choice.scores[0.06] < min(choice.scores[0.0], choice.scores[0.12])
+    # The true speed below every factor: the profile steps on past the grid's lower edge to it.
+    beyond = choose((0.9, 1.0, 1.1))
+    assert beyond.latency_s == 0.06
+    assert beyond.motor_speeds[0.06] == pytest.approx(0.8, rel=0.04)
     with pytest.raises(ValueError, match="motor speed factors"):
         best_latency(lambda latency_s: pytest.fail("built a loss"), Params.from_robot(robot), grid, (), config)
+
+
+class _SpeedBowl:
+    """A loss with KFL's population interface: one key frame, quadratic in motor speed about
+    ``best``; records every motor speed it is asked for."""
+
+    name = "bowl"
+    units = 1
+    scored = np.ones(1, dtype=bool)
+
+    def __init__(self, best: float) -> None:
+        self.best = best
+        self.asked: list[float] = []
+
+    def population(self, candidates: Params) -> Population:
+        motor = candidates.motor_speed.numpy()
+        self.asked.extend(motor.tolist())
+        none = np.zeros(len(motor))
+        return Population(((motor[:, None] - self.best) / 0.01) ** 2, none, none)
+
+
+def test_latency_profiles_step_past_the_factors_edge_within_the_bounds(default_configs) -> None:
+    """Each latency's motor-speed profile steps on past the factor grid's edge where its best lies
+    (start 1.0, factors 0.9-1.1 in steps of 0.1): to the best speed inside reach (0.7 and 1.2),
+    one speed a step; at most as many steps as there are factors (a best at 0.3 stops at 0.6, one
+    at 2.5 at 1.4); never past the motor speed's search bounds (from 1.8 and 1.89, a best at 2.5
+    stops at 1.98, below the bound of 2)."""
+    robot = default_configs.robot
+    start = Params.from_robot(robot, motor_speed=1.0)
+    config = SysidConfig()
+    bowls = {0.0: _SpeedBowl(0.7), 0.02: _SpeedBowl(1.2), 0.04: _SpeedBowl(0.3), 0.06: _SpeedBowl(2.5)}
+    choice = best_latency(bowls.__getitem__, start, tuple(bowls), (1.1, 0.9, 1.0), config)
+    assert choice.motor_speeds == pytest.approx({0.0: 0.7, 0.02: 1.2, 0.04: 0.6, 0.06: 1.4})
+    assert sorted(bowls[0.0].asked) == pytest.approx([0.6, 0.7, 0.8, 0.9, 1.0, 1.1])
+    assert sorted(bowls[0.06].asked) == pytest.approx([0.9, 1.0, 1.1, 1.2, 1.3, 1.4])
+    assert choice.latency_s == 0.0
+    assert choice.scores[0.0] == pytest.approx(0.0, abs=1e-9)
+    narrow = _SpeedBowl(2.5)
+    near_top = best_latency(
+        {0.0: narrow}.__getitem__, Params.from_robot(robot, motor_speed=1.8), (0.0,), (1.0, 1.05), config
+    )
+    assert near_top.motor_speeds[0.0] <= search_bounds("motor_speed")[1]
+    assert max(narrow.asked) == pytest.approx(1.98)
 
 
 class _DivergingKeyFrames:

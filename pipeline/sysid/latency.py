@@ -12,6 +12,13 @@ the loss's *timing*, the mean squared difference of the gaits' durations: a late
 delays every gait by the same time, a motor speed in proportion to the gait's travel,
 so the spread of the gaits' timing errors tells them apart where the search's pooled
 timing penalty (the squared mean difference) cannot.
+
+A profile whose best speed lies at an edge of the factors has not found that latency's best
+speed, and scores it too high: the latencies that want a motor beyond that edge lose to those
+that do not (a motor 20 % slower than the start wants the shorter latencies, whose best speeds
+then lie below the default factors' 0.8). So each profile steps on past the edge, one engine
+batch a step of the edge's spacing, until its best lies inside, for at most as many steps as
+there are factors, never past the motor speed's search bounds.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from pipeline.physics.params import Params
 from pipeline.sysid.data import Gait, Recording
 from pipeline.sysid.evolution import search_scores
 from pipeline.sysid.losses import TrajectoryLoss, make_loss
+from pipeline.sysid.parameters import search_bounds
 
 
 @dataclass(frozen=True)
@@ -53,18 +61,42 @@ def best_latency(
         raise ValueError("no latency candidates")
     if not speed_factors:
         raise ValueError("no motor speed factors to profile each latency over")
-    speeds = [float(params.motor_speed[0]) * f for f in speed_factors]
-    profile = Params.concat([params.replace(motor_speed=params.motor_speed.new_tensor([s])) for s in speeds])
+    speeds = sorted({float(params.motor_speed[0]) * f for f in speed_factors})
     scores, motor_speeds = {}, {}
     for latency in candidates_s:
-        loss = build(float(latency))
-        population = loss.population(profile)
-        scored = np.asarray(loss.scored, dtype=bool)
-        each = search_scores(population.defects[:, scored], config.search.duration_weight * population.timing, config)
-        best = int(np.argmin(each))
-        scores[float(latency)], motor_speeds[float(latency)] = float(each[best]), speeds[best]
+        profile = _speed_profile(build(float(latency)), params, speeds, config)
+        best = min(profile, key=profile.__getitem__)
+        scores[float(latency)], motor_speeds[float(latency)] = profile[best], best
     chosen = min(scores, key=scores.__getitem__)
     return LatencyChoice(chosen, scores, motor_speeds)
+
+
+def _speed_profile(
+    loss: TrajectoryLoss, params: Params, speeds: list[float], config: SysidConfig
+) -> dict[float, float]:
+    """The search score of ``loss`` at each motor speed of ``speeds`` (``Params.motor_speed``'s
+    scale ``s`` in ``omega = s * omega_max * u``, ascending), stepped on past an edge where the best
+    lies (module docstring): motor speed -> score."""
+    low, high = search_bounds("motor_speed")
+    profile: dict[float, float] = {}
+    batch = speeds
+    for _ in range(len(speeds) + 1):
+        candidates = Params.concat([params.replace(motor_speed=params.motor_speed.new_tensor([s])) for s in batch])
+        population = loss.population(candidates)
+        scored = np.asarray(loss.scored, dtype=bool)
+        each = search_scores(population.defects[:, scored], config.search.duration_weight * population.timing, config)
+        profile.update(zip(batch, map(float, each), strict=True))
+        tried = sorted(profile)
+        best = min(profile, key=profile.__getitem__)
+        if len(tried) < 2:
+            break
+        if best == tried[0] and 2 * tried[0] - tried[1] >= low:
+            batch = [2 * tried[0] - tried[1]]
+        elif best == tried[-1] and 2 * tried[-1] - tried[-2] <= high:
+            batch = [2 * tried[-1] - tried[-2]]
+        else:
+            break
+    return profile
 
 
 def with_latency(robot: RobotConfig, latency_s: float) -> RobotConfig:
