@@ -6,8 +6,8 @@ file's waypoints are in the world frame, a built-in path is placed in the middle
 the camera sees (:func:`view_centre`); the robot is placed at the path's start, heading along
 it, then after every action its pose comes from the camera tracker on the newest frames
 (:func:`pipeline.follow.online.pose_after`), the planner picks the next action, and the loop
-stops at the path's end, after ``follow.max_actions``, or when the robot leaves the corridor of
-``follow.corridor_m`` around the path.
+stops at the path's end, after ``follow.max_actions``, when the robot folds flat or when it
+leaves the corridor of ``follow.corridor_m`` around the path (:mod:`pipeline.follow.stops`).
 
 Written to ``iter_<K>/follow/<path>/``: the recording as a redeploy run has it (hardware stream,
 ground truth where the backend has it, frames, ``tracked.parquet`` of the whole run),
@@ -40,6 +40,7 @@ from pipeline.follow.online import pose_after
 from pipeline.follow.paths import Path as FollowPath
 from pipeline.follow.paths import builtin, from_waypoints
 from pipeline.follow.planner import Follower, distances_to_path
+from pipeline.follow.stops import stop_reason
 from pipeline.follow.table import planning_table
 from pipeline.hardware import robot_for
 from pipeline.hardware.base import (
@@ -242,7 +243,7 @@ def _loop(
             direction = follower.direction
             targets = on_face(action, robot, face, direction == REVERSE)
             before = pose
-            pose, new_face, _ = pose_after(
+            pose, new_face, caps = pose_after(
                 robot, configs.pipeline.track, camera, *run.execute(Policy(action.name, targets))
             )
             follower.observe(step.action, face, before, pose, new_face)
@@ -273,8 +274,9 @@ def _loop(
                 }
             )
             face = new_face
-            if distance > c.corridor_m:
-                return steps, f"left the {c.corridor_m} m corridor"
+            reason = stop_reason(caps, distance, c.corridor_m, robot.rod.length_m)
+            if reason is not None:
+                return steps, reason
         return steps, f"stopped after {c.max_actions} actions"
 
 

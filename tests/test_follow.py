@@ -333,6 +333,30 @@ def test_the_observed_pose_is_the_papers(default_configs) -> None:
     assert (turned.heading_rad - pose.heading_rad) % (2 * math.pi) == pytest.approx(0.7)
 
 
+def test_a_run_stops_where_the_robot_folded_flat_or_left_the_corridor(default_configs) -> None:
+    """After an action the run stops where the robot lies folded flat (four actuated cables
+    retracted from rest lay the engine's prism flat, as on the twin; tests/test_gaits.py), however
+    near the path, and where it left the corridor; a standing robot inside the corridor goes on."""
+    from pipeline.follow.stops import FOLDED, stop_reason
+    from pipeline.gaits.outcome import simulate_targets
+    from pipeline.physics import Engine, Params, RobotModel
+    from pipeline.physics.rollout import rest_start
+    from pipeline.policies import REST_TARGET
+    from pipeline.robot_model import reference_prism, resting_on_face
+
+    robot = default_configs.robot
+    engine = Engine(RobotModel.from_robot(robot), dt=0.005)
+    params = Params.from_robot(robot)
+    fold = np.vstack([[0.0, 0.9, 0.0, 0.0, 0.9, 0.0], REST_TARGET])[None]
+    flat = simulate_targets(engine, params, robot, rest_start(engine, params, robot), fold, 2.0)
+    folded = flat.trace.caps_m[0, -1].numpy()
+    standing = resting_on_face(robot, reference_prism(robot))
+    rod = robot.rod.length_m
+    assert stop_reason(folded, 0.01, 0.5, rod) == FOLDED
+    assert stop_reason(standing, 0.49, 0.5, rod) is None
+    assert stop_reason(standing, 0.51, 0.5, rod) == "left the 0.5 m corridor"
+
+
 def test_a_short_line_closed_loop_on_the_twin_with_the_pose_from_tracking(tmp_path) -> None:
     """The iteration's action table (the paper's rolling and turning actions, and the published turns
     as the gaits found), then a 0.5 m line on the twin: the robot is placed at its start, each
