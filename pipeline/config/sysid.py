@@ -43,8 +43,8 @@ class LatencyConfig(StrictModel):
     speed_factors: tuple[Positive, ...] = Field(
         default=(0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2),
         min_length=1,
-        description="Each latency is scored at its best motor speed among the start's times these factors "
-        "(a latency and the motor speed trade off in the gaits' timing).",
+        description="Each latency is scored at its best motor speed among the start's times these factors, "
+        "stepped on past the edge where the best lies (a latency and the motor speed trade off in the gaits' timing).",
     )
 
 
