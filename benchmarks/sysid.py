@@ -90,8 +90,9 @@ def run(
     start = Params.from_robot(robot)
     began = time.perf_counter()
     configured = robot
+    choice = None
     if latency:
-        robot, _ = latency_robot(robot, {recording.name: recording}, fit, config, TIMEOUT_S, compiled)
+        robot, choice = latency_robot(robot, {recording.name: recording}, fit, config, TIMEOUT_S, compiled)
     engine = Engine(RobotModel.from_robot(robot), dt=config.dt_s, compiled=compiled)
     loss = make_loss(engine, robot, {recording.name: recording}, fit, start, config, TIMEOUT_S)
     result = identify_staged(loss, start, config)
@@ -106,6 +107,7 @@ def run(
         "converged": result.converged,
         "identified": result.values,
         "latency_s": robot.pid.latency_s,
+        "latency_scores": {f"{1000 * k:.0f}ms": v for k, v in choice.scores.items()} if choice else {},
         "profile": result.profile,
         "standard_error": result.standard_error,
         "interval": intervals(result),
