@@ -22,10 +22,12 @@ os.environ["R2S2R_PREFECT_SERVER_IDLE_S"] = "0"
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MUJOCO_GL", "egl")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from pipeline.config import LoadedConfigs, TwinConfig, load_all  # noqa: E402
+from pipeline.policies import REST_TARGET  # noqa: E402
 from storage.layout import Ref, RunLayout, write_manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,6 +109,10 @@ SMALL_FOLLOW = {
     "follow.table.ensemble_motor_speed": 0.0,
 }
 """The paper's actions that roll and turn the robot (docs/follow.md), one ensemble member."""
+FOLD = np.vstack([[0.0, 0.9, 0.0, 0.0, 0.9, 0.0], REST_TARGET])
+"""From the rest pose, four actuated cables retracted lay the prism flat: in the engine with the
+robot config's values (highest end cap 0.064 rod lengths above the ground, forward 0.079 m, the
+rest shape not reached in 1 s) and on the twin (0.061)."""
 
 
 def write_test_pipeline(

@@ -341,14 +341,13 @@ def test_a_run_stops_where_the_robot_folded_flat_or_left_the_corridor(default_co
     from pipeline.gaits.outcome import simulate_targets
     from pipeline.physics import Engine, Params, RobotModel
     from pipeline.physics.rollout import rest_start
-    from pipeline.policies import REST_TARGET
     from pipeline.robot_model import reference_prism, resting_on_face
+    from tests.conftest import FOLD
 
     robot = default_configs.robot
     engine = Engine(RobotModel.from_robot(robot), dt=0.005)
     params = Params.from_robot(robot)
-    fold = np.vstack([[0.0, 0.9, 0.0, 0.0, 0.9, 0.0], REST_TARGET])[None]
-    flat = simulate_targets(engine, params, robot, rest_start(engine, params, robot), fold, 2.0)
+    flat = simulate_targets(engine, params, robot, rest_start(engine, params, robot), FOLD[None], 2.0)
     folded = flat.trace.caps_m[0, -1].numpy()
     standing = resting_on_face(robot, reference_prism(robot))
     rod = robot.rod.length_m

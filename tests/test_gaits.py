@@ -30,6 +30,7 @@ from pipeline.physics.rollout import Trace, rest_start
 from pipeline.policies import REST_TARGET
 from pipeline.published_gaits import PUBLISHED_CYCLES as PUBLISHED
 from pipeline.published_gaits import published_gait
+from tests.conftest import FOLD
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +97,6 @@ def test_exhaustive_search_finds_the_best_single_shape_gait(default_configs, def
     assert result.gaits["forward"].forward_m > 0 > result.gaits["backward"].forward_m
     # no single shape turns the robot counter-clockwise from this start (the best: -0.005 rad)
     assert result.gaits["ccw"].rotation_rad > result.gaits["cw"].rotation_rad and result.gaits["cw"].rotation_rad < 0
-
-
-FOLD = np.vstack([[0.0, 0.9, 0.0, 0.0, 0.9, 0.0], REST_TARGET])
-"""From the rest pose, four actuated cables retracted lay the prism flat: in the engine with the
-robot config's values (highest end cap 0.064 rod lengths above the ground, forward 0.079 m, the
-rest shape not reached in 1 s) and on the twin (0.061)."""
 
 
 def test_a_run_that_folds_the_prism_flat_is_a_failure(default_configs, default_engine) -> None:

@@ -14,7 +14,7 @@ from pipeline.hardware.twin import MujocoTwin
 from pipeline.policies import Policy, gait_policy, random_policy
 from pipeline.robot_model import cable_lengths_from_poses, heading_rad, quat_to_rotation
 
-from .conftest import small_twin
+from .conftest import FOLD, small_twin
 
 
 def _run(twin: MujocoTwin, policy: Policy, frames: bool = False):
@@ -171,7 +171,7 @@ def test_the_twin_folds_the_prism_flat_where_the_engine_does(twin) -> None:
     """From the rest pose, four actuated cables retracted (the gaits tests' ``FOLD``) lay the prism
     flat on the twin too: the rods slide over one another until every end cap is on the ground
     (:func:`~pipeline.gaits.outcome.folded_flat`); the published rolling gait does not."""
-    fold = Policy("fold", np.array([[0.0, 0.9, 0.0, 0.0, 0.9, 0.0], [1.0] * 6]))
+    fold = Policy("fold", FOLD)
     _, truth, _ = _run(twin, fold)
     caps = np.array([p.caps_m for p in truth])
     assert folded_flat(caps, twin.robot.rod.length_m)

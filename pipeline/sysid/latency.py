@@ -78,12 +78,12 @@ def _speed_profile(
     scale ``s`` in ``omega = s * omega_max * u``, ascending), stepped on past an edge where the best
     lies (module docstring): motor speed -> score."""
     low, high = search_bounds("motor_speed")
+    scored = np.asarray(loss.scored, dtype=bool)
     profile: dict[float, float] = {}
     batch = speeds
     for _ in range(len(speeds) + 1):
         candidates = Params.concat([params.replace(motor_speed=params.motor_speed.new_tensor([s])) for s in batch])
         population = loss.population(candidates)
-        scored = np.asarray(loss.scored, dtype=bool)
         each = search_scores(population.defects[:, scored], config.search.duration_weight * population.timing, config)
         profile.update(zip(batch, map(float, each), strict=True))
         tried = sorted(profile)
