@@ -250,14 +250,13 @@ def test_the_online_correction_keeps_the_robot_on_the_path_where_the_table_is_bi
 def test_the_correction_shrinks_each_actions_residual_towards_its_groups() -> None:
     """An action seen once gets its residual shrunk towards its group's mean (k = 2: a third of the
     way from the group's to its own); an action of the same group never taken gets the group's
-    mean; an action of the other group (turns in place) nothing; the observed face replaces the table's."""
+    mean; an action of the other group (turns in place) nothing."""
     from pipeline.follow.correction import Correction
 
     table = synthetic_table()
-    roll, other_roll, ccw = (table.names.index(n) for n in ("roll_100", "roll_150", "ccw"))
+    roll, other_roll, still, ccw = (table.names.index(n) for n in ("roll_100", "roll_150", "roll_120", "ccw"))
     correction = Correction(table, prior_weight=2.0)
-    correction.observe(roll, 0, FORWARD, (table.forward_m[roll, 0, 0] + 0.03, 0.06, -0.03), 0)
-    still = table.names.index("roll_120")
+    correction.observe(roll, 0, FORWARD, (table.forward_m[roll, 0, 0] + 0.03, 0.06, -0.03), 1)
     correction.observe(still, 1, FORWARD, (table.forward_m[still, 0, 0], 0.0, 0.0), 2)
     residuals = correction.residuals()
     group = np.array([0.015, 0.03, -0.015])  # the two rolls' mean
@@ -265,9 +264,30 @@ def test_the_correction_shrinks_each_actions_residual_towards_its_groups() -> No
     np.testing.assert_allclose(residuals[other_roll, FORWARD], group, atol=1e-12)
     np.testing.assert_array_equal(residuals[ccw], 0.0)
     np.testing.assert_array_equal(residuals[roll, REVERSE], 0.0)
+    assert correction.applied().lateral_m[other_roll, 2, FORWARD] == pytest.approx(group[1])
+
+
+def test_an_action_that_ends_on_another_face_than_the_table_says_is_planned_as_seen() -> None:
+    """A turn in place that rolled the robot over (the table's shortest roll at the edge of
+    rolling, on the twin) did something else than the table's motion, not the same a little off:
+    it is planned with what it was seen to do, the face it ended on replaces the table's, and its
+    residual does not move the other turn in place, which the group's mean would otherwise make
+    roll too. A roll that rocked back onto its face is treated alike."""
+    from pipeline.follow.correction import Correction
+
+    table = synthetic_table()
+    ccw, cw, roll, other_roll = (table.names.index(n) for n in ("ccw", "cw", "roll_90", "roll_150"))
+    correction = Correction(table, prior_weight=2.0)
+    rolled = (0.26, 0.01, math.radians(7))
+    correction.observe(ccw, 0, FORWARD, rolled, 1)
+    rocked = (0.005, 0.0, 0.0)
+    correction.observe(roll, 2, FORWARD, rocked, 2)
     applied = correction.applied()
-    assert applied.next_face[roll, 1, FORWARD] == 1  # it stayed on its face: 1 -> 1, not 2
-    assert applied.lateral_m[other_roll, 2, FORWARD] == pytest.approx(group[1])
+    np.testing.assert_allclose(applied.motion(ccw, 0, FORWARD), rolled, atol=1e-12)
+    assert applied.next_face[ccw, 1, FORWARD] == 2
+    np.testing.assert_allclose(applied.motion(roll, 0, FORWARD), rocked, atol=1e-12)
+    assert applied.next_face[roll, 1, FORWARD] == 1
+    np.testing.assert_array_equal(correction.residuals()[[cw, other_roll]], 0.0)
 
 
 def test_progress_follows_the_track_in_order_so_a_closed_paths_end_is_not_its_start() -> None:
