@@ -82,7 +82,9 @@ class ActionTableConfig(StrictModel):
         default=0.05, description="The ensemble's motor speeds lower and higher by this fraction (0: none)."
     )
     ensemble_friction: Annotated[float, Field(ge=0, lt=1)] = Field(
-        default=0.0, description="The ensemble's frictions lower and higher by this fraction (0: none)."
+        default=0.3,
+        description="The ensemble's frictions lower and higher by this fraction (0: none): sysid's friction can "
+        "miss the robot's by a third, and an action whose outcome flips within that is left out of the search.",
     )
     starts: Annotated[int, Field(ge=0)] = Field(
         default=3, description="The ensemble also runs each action from this many starts near rest (nominal values)."
