@@ -2,10 +2,13 @@
 
 A table of the Tribar paper's size (51 actions, 3 faces, 2 directions; random motions of a
 roll's size) and a 2 m line resampled every 2 cm; each replan searches every sequence of
-``depth`` actions (:func:`pipeline.follow.planner.plan`). Reports the median over ``--repeats``
-replans from random poses near the line at depth 2 (the paper's), the same with the table
-corrected online after 30 observed actions first (:mod:`pipeline.follow.correction`, as
-``r2s2r follow`` replans by default) and, as the anchor measured in the same run, at depth 1.
+``depth`` actions, the turns in place in either direction (:func:`pipeline.follow.planner.plan`;
+the random table's next faces make about a third of its entries turns). Reports the
+median over ``--repeats`` replans from random poses near the line at depth 2 (the paper's), the
+same with the table corrected online after 30 observed actions first
+(:mod:`pipeline.follow.correction`, as ``r2s2r follow`` replans by default), the same with the
+actions in the rolling direction only (the paper's search, ``turn_either_way: false``) and, as
+the anchor measured in the same run, at depth 1.
 Prints one JSON object (last line).
 
 Usage: ``python -m benchmarks.planner [--quick] [--repeats 200]``.
@@ -71,6 +74,7 @@ def main() -> None:
     _median_ms(table, segment, config, poses[:5], None)  # warm-up
     depth2 = _median_ms(table, segment, config, poses, None)
     corrected = _median_ms(table, segment, config, poses, correction)
+    confined = _median_ms(table, segment, config.model_copy(update={"turn_either_way": False}), poses, None)
     depth1 = _median_ms(table, segment, config.model_copy(update={"depth": 1}), poses, None)
     result = {
         "actions": ACTIONS,
@@ -78,6 +82,7 @@ def main() -> None:
         "waypoints": len(segment),
         "replan_ms_depth2": round(depth2, 3),
         "replan_ms_depth2_corrected": round(corrected, 3),
+        "replan_ms_depth2_rolling_direction": round(confined, 3),
         "anchor_replan_ms_depth1": round(depth1, 3),
         "goal_ms": 50.0,
     }

@@ -260,6 +260,7 @@ TABLE: tuple[Stage, ...] = (
             "follow.table",
             "follow.planner.max_spread_m",
             "follow.planner.max_spread_deg",
+            "follow.planner.min_agreeing_share",
             "redeploy.segment_timeout_s",
             "gaits.search.dt_s",
             "engine.contact",

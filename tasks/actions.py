@@ -68,8 +68,7 @@ def run_actions(
     members = ensemble.batch_size + c.starts
     contact = configs.pipeline.engine.contact
     write_action_table(stage_dir / ACTIONS_FILE, tabulated, {"stage": STAGE, "ensemble": members, "contact": contact})
-    planner = configs.pipeline.follow.planner
-    planning = planning_table(tabulated, planner.max_spread_m, planner.max_spread_deg)
+    planning = planning_table(tabulated, configs.pipeline.follow.planner)
     summary = _summary(tabulated, members, planning, contact)
     return write_manifest(stage_dir, STAGE, complete=True, summary=summary), summary
 

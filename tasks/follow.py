@@ -170,7 +170,7 @@ def _follow_on(
     gaits_ref = existing_ref(layout, iteration, "gaits")
     robot = attached_robot(configs, existing_ref(layout, attach_iteration(configs, iteration), "attach"))
     tabulated = read_action_table(Path(actions_ref.path) / ACTIONS_FILE)
-    table = planning_table(tabulated, c.planner.max_spread_m, c.planner.max_spread_deg)
+    table = planning_table(tabulated, c.planner)
     actions = iteration_actions(robot, read_found_gaits(gaits_ref), c.table.paper_actions)
     if tuple(a.name for a in actions) != table.names:
         raise DataError(f"{actions_ref.path}: the action table does not list this iteration's actions; rerun actions")
@@ -240,13 +240,13 @@ def _loop(
             if step is None:
                 return steps, "end of path"
             action = actions[step.action]
-            direction = follower.direction
+            direction = step.direction
             targets = on_face(action, robot, face, direction == REVERSE)
             before = pose
             pose, new_face, caps = pose_after(
                 robot, configs.pipeline.track, camera, *run.execute(Policy(action.name, targets))
             )
-            follower.observe(step.action, face, before, pose, new_face)
+            follower.observe(step, face, before, pose, new_face)
             distance = float(distances_to_path(path, [pose])[0])
             row.advance(action=action.name, distance=distance)
             motions = {

@@ -33,6 +33,12 @@ class PlannerConfig(StrictModel):
         "paper's); 'sum', the sum over the poses after each of its actions, which favours sequences that "
         "make progress first (docs/follow.md).",
     )
+    turn_either_way: bool = Field(
+        default=True,
+        description="A turn in place (an entry that ends on the face it starts from) may run in either "
+        "direction, the same action reversed turning the robot the same way; every roll runs in the rolling "
+        "direction. False: every action in the rolling direction only (the Tribar paper's) (docs/follow.md).",
+    )
     switch_radius_m: Positive = Field(
         default=0.27,
         description="A segment ends within this distance of its last waypoint (or where that waypoint is "
@@ -51,6 +57,12 @@ class PlannerConfig(StrictModel):
     )
     max_spread_deg: Positive = Field(
         default=5.0, description="... or whose members turn the robot more differently than this (std, deg)."
+    )
+    min_agreeing_share: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.3,
+        description="The planner leaves out every entry of an action whose members agree on fewer than this "
+        "share of its six faces and directions (0.3: on one at most): the faces are images of one another, so "
+        "an action on a tipping point from all but one is on one from that one too (0: judge each entry alone).",
     )
     min_step_m: Annotated[float, Field(ge=0)] = Field(
         default=0.02,

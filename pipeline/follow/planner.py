@@ -4,7 +4,8 @@ action table.
 Poses and action tables are those of :mod:`pipeline.follow.motion`.
 
 :func:`plan` tries every sequence of ``depth`` actions (the paper: two) from the current pose,
-face and direction, and returns the first action of the sequence whose final pose costs least:
+face and rolling direction (a turn in place also reversed, where ``turn_either_way``), and
+returns the first action of the sequence whose final pose costs least:
 
     cost = w_d * |x - p_i| + w_a * angle(h, tangent_i) + w_p * (n - 1 - i) / (n - 1)
 
@@ -38,10 +39,11 @@ from pipeline.robot_model import wrapped_rad
 
 @dataclass(frozen=True)
 class Step:
-    """One replan: the action chosen (index), the pose it predicts, the pose the whole cheapest
-    sequence predicts, and that sequence's cost."""
+    """One replan: the action chosen (index) and the direction it runs in, the pose it predicts,
+    the pose the whole cheapest sequence predicts, and that sequence's cost."""
 
     action: int
+    direction: int
     predicted: Pose
     final: Pose
     cost: float
@@ -73,33 +75,45 @@ def path_cost(
 
 
 def plan(table: ActionTable, segment: np.ndarray, pose: Pose, face: int, direction: int, config: PlannerConfig) -> Step:
-    """The first action of the cheapest sequence of ``config.depth`` actions (module docstring)."""
+    """The first action of the cheapest sequence of ``config.depth`` actions (module docstring),
+    ``direction`` the one the robot rolls in. Every action of a sequence runs in ``direction``;
+    with ``config.turn_either_way`` a turn in place (an entry that ends on the face it starts
+    from) may also run in the other."""
     x = np.array([pose.x_m])
     y = np.array([pose.y_m])
     heading = np.array([pose.heading_rad])
     faces = np.array([face])
     cost = np.zeros(1)
-    blocked = np.zeros(1, bool)  # a sequence with an entry the table marks unusable
     flip = math.pi if direction == REVERSE else 0.0  # the heading the robot rolls along
-    actions = len(table.names)
-    for _ in range(config.depth):  # every sequence so far (B,) times every action (A,): (B * A,)
-        if table.usable is not None:
-            blocked = np.repeat(blocked, actions) | ~table.usable[:, faces, direction].T.ravel()
-        forward = table.forward_m[:, faces, direction].T
-        lateral = table.lateral_m[:, faces, direction].T
+    directions = (FORWARD, REVERSE) if config.turn_either_way else (direction,)
+    entries = len(table.names) * len(directions)  # entry e: action e // len(directions), that direction
+    allowed = table.next_face == np.arange(table.faces)[None, :, None]  # turns in place
+    allowed[..., direction] = True
+    if table.usable is not None:
+        allowed &= table.usable
+    blocked = np.zeros(1, bool)  # a sequence with an entry it may not take
+
+    def per_entry(values: np.ndarray) -> np.ndarray:
+        """``values`` (A, F, 2) of each sequence's face, (B, entries)."""
+        return values[:, faces][..., directions].transpose(1, 0, 2).reshape(len(faces), entries)
+
+    for _ in range(config.depth):  # every sequence so far (B,) times every entry: (B * entries,)
+        blocked = np.repeat(blocked, entries) | ~per_entry(allowed).ravel()
+        forward, lateral = per_entry(table.forward_m), per_entry(table.lateral_m)
         c, s = np.cos(heading)[:, None], np.sin(heading)[:, None]
         x = (x[:, None] + c * forward - s * lateral).ravel()
         y = (y[:, None] + s * forward + c * lateral).ravel()
-        heading = (heading[:, None] + table.rotation_rad[:, faces, direction].T).ravel()
-        faces = table.next_face[:, faces, direction].T.ravel()
+        heading = (heading[:, None] + per_entry(table.rotation_rad)).ravel()
+        faces = per_entry(table.next_face).ravel()
         here = path_cost(segment, x, y, heading + flip, config)
-        cost = here if config.cost == "final" else np.repeat(cost, actions) + here
-    if table.usable is not None and not blocked.all():
+        cost = here if config.cost == "final" else np.repeat(cost, entries) + here
+    if not blocked.all():
         cost = np.where(blocked, np.inf, cost)
     best = int(np.argmin(cost))
-    first = best // actions ** (config.depth - 1)
+    first, chosen = divmod(best // entries ** (config.depth - 1), len(directions))
     final = Pose(float(x[best]), float(y[best]), float(heading[best]))
-    return Step(first, pose.moved(*table.motion(first, face, direction)), final, float(cost[best]))
+    moved = pose.moved(*table.motion(first, face, directions[chosen]))
+    return Step(first, directions[chosen], moved, final, float(cost[best]))
 
 
 def moving(table: ActionTable, min_step_m: float, min_turn_rad: float) -> ActionTable:
@@ -178,11 +192,11 @@ class Follower:
             return None
         return step
 
-    def observe(self, action: int, face: int, before: Pose, after: Pose, end_face: int) -> None:
-        """``action``, run from ``face`` in the current direction, took the robot from ``before``
+    def observe(self, step: Step, face: int, before: Pose, after: Pose, end_face: int) -> None:
+        """``step``'s action, run from ``face`` in its direction, took the robot from ``before``
         to ``after`` and onto ``end_face``."""
         if self.correction is not None:
-            self.correction.observe(action, face, self.direction, before.motion_to(after), end_face)
+            self.correction.observe(step.action, face, step.direction, before.motion_to(after), end_face)
 
 
 @dataclass(frozen=True)
@@ -217,9 +231,9 @@ def follow_table(
         step = follower.step(pose, face)
         if step is None:
             return FollowResult(poses, faces, actions, directions, True)
-        a, d = step.action, follower.direction
+        a, d = step.action, step.direction
         before, pose = pose, pose.moved(*motion.motion(a, face, d))
-        follower.observe(a, face, before, pose, int(motion.next_face[a, face, d]))
+        follower.observe(step, face, before, pose, int(motion.next_face[a, face, d]))
         face = int(motion.next_face[a, face, d])
         poses.append(pose)
         faces.append(face)

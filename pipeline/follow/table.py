@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from pipeline.config import RobotConfig
+from pipeline.config.follow import PlannerConfig
 from pipeline.follow.actions import Action, on_face
 from pipeline.follow.motion import ActionTable
 from pipeline.gaits.ensemble import perturbed_starts
@@ -112,10 +113,14 @@ def tabulate(
     return TabulatedActions(table, forward.std(-1), lateral.std(-1), rotation.std(-1), succeeded)
 
 
-def planning_table(tabulated: TabulatedActions, max_spread_m: float, max_spread_deg: float) -> ActionTable:
+def planning_table(tabulated: TabulatedActions, planner: PlannerConfig) -> ActionTable:
     """The mean table with ``usable`` set where every member succeeded and the members agree: the
     spread of the end position (the root sum of the forward and lateral std) at most
-    ``max_spread_m`` (m), of the rotation at most ``max_spread_deg`` (deg)."""
+    ``planner.max_spread_m`` (m), of the rotation at most ``planner.max_spread_deg`` (deg); and
+    cleared for every entry of an action that agrees so on fewer than ``planner.min_agreeing_share``
+    of its faces and directions."""
     position = np.hypot(tabulated.forward_std_m, tabulated.lateral_std_m)
-    agree = (position <= max_spread_m) & (np.degrees(tabulated.rotation_std_rad) <= max_spread_deg)
-    return dataclasses.replace(tabulated.table, usable=tabulated.succeeded & agree)
+    agree = (position <= planner.max_spread_m) & (np.degrees(tabulated.rotation_std_rad) <= planner.max_spread_deg)
+    agree &= tabulated.succeeded
+    share = agree.reshape(len(agree), -1).mean(axis=1)
+    return dataclasses.replace(tabulated.table, usable=agree & (share >= planner.min_agreeing_share)[:, None, None])
