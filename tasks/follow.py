@@ -40,7 +40,7 @@ from pipeline.follow.online import pose_after
 from pipeline.follow.paths import Path as FollowPath
 from pipeline.follow.paths import builtin, from_waypoints
 from pipeline.follow.planner import Follower, distances_to_path
-from pipeline.follow.stops import stop_reason
+from pipeline.follow.stops import OUT_OF_VIEW, stop_reason
 from pipeline.follow.table import planning_table
 from pipeline.hardware import robot_for
 from pipeline.hardware.base import (
@@ -54,6 +54,7 @@ from pipeline.hardware.base import (
     SensorPacket,
     StartPose,
 )
+from pipeline.perception.tracker import NothingTracked
 from pipeline.plots import follow_plot
 from pipeline.policies import Policy
 from pipeline.progress import progress
@@ -243,9 +244,11 @@ def _loop(
             direction = step.direction
             targets = on_face(action, robot, face, direction == REVERSE)
             before = pose
-            pose, new_face, caps = pose_after(
-                robot, configs.pipeline.track, camera, *run.execute(Policy(action.name, targets))
-            )
+            recorded = run.execute(Policy(action.name, targets))
+            try:
+                pose, new_face, caps = pose_after(robot, configs.pipeline.track, camera, *recorded)
+            except NothingTracked:
+                return steps, OUT_OF_VIEW
             follower.observe(step, face, before, pose, new_face)
             distance = float(distances_to_path(path, [pose])[0])
             row.advance(action=action.name, distance=distance)

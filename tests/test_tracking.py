@@ -211,6 +211,21 @@ def test_bad_frames_and_missing_sensor_values_are_skipped_and_counted(cw_recordi
     assert pose_errors(default_configs.robot, caps_array(tracked), truth)["cap_error_mean_mm"] < TRACK_TOLERANCE_MM
 
 
+def test_frames_without_the_robot_raise_nothing_tracked(cw_recording, default_configs) -> None:
+    """Frames that show no end cap (the robot out of the camera's view; here the colour images
+    blanked, the depth, which shows the ground, kept) raise :class:`NothingTracked`, the error by
+    which ``r2s2r follow`` knows the robot left the view; the same frames as recorded track."""
+    from pipeline.perception.tracker import NothingTracked
+
+    tracker = _tracker(default_configs, cw_recording)
+    sensors, _ = read_trajectory(cw_recording / HARDWARE_FILE, expect_source="hardware")
+    frames = list(iter_frames(cw_recording / FRAMES_FILE))[:3]
+    assert len(tracker.track(frames, sensors)[0]) == 3
+    blank = [Frame(t_s=f.t_s, rgb=np.zeros_like(f.rgb), depth=f.depth) for f in frames]
+    with pytest.raises(NothingTracked, match="no frame could be tracked"):
+        tracker.track(blank, sensors)
+
+
 @pytest.mark.slow
 def test_no_identity_swaps_over_sixty_seconds_of_rolling(tmp_path, default_configs) -> None:
     """60 s of the cw gait: 21 rolls onto a new face, the camera at 640 x 480, noise on."""

@@ -44,6 +44,10 @@ _ROBOT_MARGIN_PX = 40
 _HYPOTHESIS_EVALUATIONS = 40
 
 
+class NothingTracked(DataError):
+    """No frame showed the robot: not one with at least three end caps."""
+
+
 @dataclass
 class TrackStats:
     """Counters of one tracking run: frames in and tracked, frames skipped by reason,
@@ -244,7 +248,7 @@ class CapTracker:
             stats.frames_tracked += 1
         stats.wall_s = time.perf_counter() - start_time
         if not rows:
-            raise DataError("tracking: no frame could be tracked (no frame showed at least 3 end caps)")
+            raise NothingTracked("tracking: no frame could be tracked (no frame showed at least 3 end caps)")
         return pd.DataFrame(rows), stats
 
     def _row(
