@@ -91,6 +91,18 @@ def test_the_planner_follows_the_papers_paths_on_a_table(name, points, mean_m, d
     assert distances_to_path(path, result.poses).mean() <= mean_m
 
 
+def test_a_turn_in_place_ends_on_its_face_near_where_it_started() -> None:
+    """The turns in place are cw and ccw on every face, both ways; a roll is not, nor is an entry
+    that ends on its own face 0.55 m away (a gait that rolled through all three faces)."""
+    table = synthetic_table()
+    cycle = table.names.index("roll_150")
+    table.next_face[cycle, 1, FORWARD], table.forward_m[cycle, 1, FORWARD] = 1, 0.55
+    turns = table.turns_in_place(CONFIG.turn_max_step_m)
+    expected = np.zeros(turns.shape, bool)
+    expected[[table.names.index("cw"), table.names.index("ccw")]] = True
+    np.testing.assert_array_equal(turns, expected)
+
+
 def test_a_turn_the_table_lacks_in_the_rolling_direction_is_taken_in_the_other() -> None:
     """Rolling in reverse with the heading it rolls along 60 deg left of the line, and the cw turn
     unusable in reverse: the search takes the cw turn forward (it turns the robot the same way);

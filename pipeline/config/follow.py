@@ -35,9 +35,14 @@ class PlannerConfig(StrictModel):
     )
     turn_either_way: bool = Field(
         default=True,
-        description="A turn in place (an entry that ends on the face it starts from) may run in either "
-        "direction, the same action reversed turning the robot the same way; every roll runs in the rolling "
-        "direction. False: every action in the rolling direction only (the Tribar paper's) (docs/follow.md).",
+        description="A turn in place may run in either direction, the same action reversed turning the robot "
+        "the same way; every roll runs in the rolling direction. False: every action in the rolling direction "
+        "only (the Tribar paper's) (docs/follow.md).",
+    )
+    turn_max_step_m: Positive = Field(
+        default=0.15,
+        description="A turn in place ends on the face it starts from, having moved the robot less than this "
+        "(m): the turns move it up to 0.11 m, a found gait that rolls through all three faces 0.5 m.",
     )
     switch_radius_m: Positive = Field(
         default=0.27,

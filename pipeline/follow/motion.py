@@ -44,6 +44,12 @@ class ActionTable:
     def faces(self) -> int:
         return self.forward_m.shape[1]
 
+    def turns_in_place(self, max_step_m: float) -> np.ndarray:
+        """(A, F, 2) bool: the entries that end on the face they start from, having moved the robot
+        less than ``max_step_m`` (m); one that ends there farther away rolled through every face."""
+        step_m = np.hypot(self.forward_m, self.lateral_m)
+        return (self.next_face == np.arange(self.faces)[None, :, None]) & (step_m < max_step_m)
+
     def motion(self, action: int, face: int, direction: int) -> tuple[float, float, float]:
         """The motion (forward m, lateral m, rotation rad) of ``action`` from ``face`` in ``direction``."""
         return (

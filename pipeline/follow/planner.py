@@ -77,8 +77,8 @@ def path_cost(
 def plan(table: ActionTable, segment: np.ndarray, pose: Pose, face: int, direction: int, config: PlannerConfig) -> Step:
     """The first action of the cheapest sequence of ``config.depth`` actions (module docstring),
     ``direction`` the one the robot rolls in. Every action of a sequence runs in ``direction``;
-    with ``config.turn_either_way`` a turn in place (an entry that ends on the face it starts
-    from) may also run in the other."""
+    with ``config.turn_either_way`` a turn in place (:meth:`ActionTable.turns_in_place`) may also
+    run in the other."""
     x = np.array([pose.x_m])
     y = np.array([pose.y_m])
     heading = np.array([pose.heading_rad])
@@ -87,7 +87,7 @@ def plan(table: ActionTable, segment: np.ndarray, pose: Pose, face: int, directi
     flip = math.pi if direction == REVERSE else 0.0  # the heading the robot rolls along
     directions = (FORWARD, REVERSE) if config.turn_either_way else (direction,)
     entries = len(table.names) * len(directions)  # entry e: action e // len(directions), that direction
-    allowed = table.next_face == np.arange(table.faces)[None, :, None]  # turns in place
+    allowed = table.turns_in_place(config.turn_max_step_m)
     allowed[..., direction] = True
     if table.usable is not None:
         allowed &= table.usable
