@@ -3,7 +3,7 @@
 A table of the Tribar paper's size (51 actions, 3 faces, 2 directions; random motions of a
 roll's size) and a 2 m line resampled every 2 cm; each replan searches every sequence of
 ``depth`` actions, the turns in place in either direction (:func:`pipeline.follow.planner.plan`;
-the random table's next faces make about a third of its entries turns). Reports the
+a third of the random table's entries are turns: they end on their face). Reports the
 median over ``--repeats`` replans from random poses near the line at depth 2 (the paper's), the
 same with the table corrected online after 30 observed actions first
 (:mod:`pipeline.follow.correction`, as ``r2s2r follow`` replans by default), the same with the

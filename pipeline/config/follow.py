@@ -66,8 +66,9 @@ class PlannerConfig(StrictModel):
     min_agreeing_share: Annotated[float, Field(ge=0, le=1)] = Field(
         default=0.3,
         description="The planner leaves out every entry of an action whose members agree on fewer than this "
-        "share of its six faces and directions (0.3: on one at most): the faces are images of one another, so "
-        "an action on a tipping point from all but one is on one from that one too (0: judge each entry alone).",
+        "share of its six faces and directions (0.3: where they agree on one at most): the faces are images of "
+        "one another, so an action on a tipping point from all but one is on one from that one too (0: judge "
+        "each entry alone).",
     )
     min_step_m: Annotated[float, Field(ge=0)] = Field(
         default=0.02,
