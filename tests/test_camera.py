@@ -125,8 +125,13 @@ def test_a_realsense_recording_plays_back_with_its_intrinsics_and_stamps(bag: Pa
         frames = camera.frames()
     finally:
         camera.close()
-    assert [f.t_s for f in frames] == pytest.approx(STAMPS_S)
-    for i, frame in enumerate(frames):
+    # the SDK's syncer has nothing to match the first depth and colour frames to yet and may hand them
+    # over apart (librealsense's own syncer tests expect it), more often on a loaded machine; such a
+    # frame is not a frame of both, and the camera skips it
+    skipped = len(STAMPS_S) - len(frames)
+    assert skipped in (0, 1)
+    assert [f.t_s for f in frames] == pytest.approx(STAMPS_S[skipped:])
+    for i, frame in enumerate(frames, start=skipped):
         assert np.array_equal(frame.rgb, _rgb(i))
         # depth aligned to colour: with the same intrinsics and no offset between the two a depth reading
         # lands on its own pixel, but the SDK's splatting leaves the odd pixel empty or on its neighbour

@@ -21,7 +21,13 @@ class PlannerConfig(StrictModel):
         default=20.0, description="w_d: cost per metre of distance from the path's nearest waypoint."
     )
     angle_weight_per_rad: Annotated[float, Field(ge=0)] = Field(
-        default=1.0, description="w_a: cost per radian between the heading and the path's tangent there."
+        default=1.0, description="w_a: cost per radian between the heading and the direction the robot should head in."
+    )
+    lookahead_m: Annotated[float, Field(ge=0)] = Field(
+        default=0.3,
+        description="The direction the robot should head in: towards the path's point this far (m) ahead of its "
+        "nearest waypoint (about where the next roll or two end), so that a robot off the path heads back to it; "
+        "0: the path's tangent at the nearest waypoint (the Tribar paper's) (docs/follow.md).",
     )
     progress_weight: Annotated[float, Field(ge=0)] = Field(
         default=4.0,

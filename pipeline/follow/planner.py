@@ -62,16 +62,30 @@ def path_cost(
     robot rolls along."""
     i = _nearest(segment, x, y)
     n = len(segment)
-    tangent = np.diff(segment, axis=0)
-    tangent = np.vstack([tangent, tangent[-1:]])[i]
     distance = np.hypot(x - segment[i, 0], y - segment[i, 1])
-    angle = np.abs(wrapped_rad(heading - np.arctan2(tangent[..., 1], tangent[..., 0])))
+    angle = np.abs(wrapped_rad(heading - _heading_target(segment, i, x, y, config.lookahead_m)))
     progress = (n - 1 - i) / (n - 1)
     return (
         config.distance_weight_per_m * distance
         + config.angle_weight_per_rad * angle
         + config.progress_weight * progress
     )
+
+
+def _heading_target(segment: np.ndarray, i: np.ndarray, x: np.ndarray, y: np.ndarray, lookahead_m: float) -> np.ndarray:
+    """The heading (rad) a robot at (``x``, ``y``) nearest waypoint ``i`` of ``segment`` should have:
+    towards the point ``lookahead_m`` further along the segment (past its end, along its last
+    leg), or with ``lookahead_m`` 0 along the segment's tangent at ``i``."""
+    legs = np.diff(segment, axis=0)
+    if lookahead_m == 0:
+        tangent = np.vstack([legs, legs[-1:]])[i]
+        return np.arctan2(tangent[..., 1], tangent[..., 0])
+    along = np.concatenate([[0.0], np.cumsum(np.hypot(legs[:, 0], legs[:, 1]))])
+    wanted = along[i] + lookahead_m
+    beyond = np.maximum(wanted - along[-1], 0.0)
+    last = legs[-1] / np.hypot(*legs[-1])
+    target = np.stack([np.interp(wanted, along, segment[:, k]) + beyond * last[k] for k in (0, 1)], axis=-1)
+    return np.arctan2(target[..., 1] - y, target[..., 0] - x)
 
 
 def plan(table: ActionTable, segment: np.ndarray, pose: Pose, face: int, direction: int, config: PlannerConfig) -> Step:
@@ -138,7 +152,8 @@ class Follower:
     """Follows ``path`` segment by segment: :meth:`step` takes the pose and face observed after
     the last action and returns the next action (None once the path is done); :meth:`observe`
     tells it what the action did, for the ``correction`` of the table where there is one
-    (:mod:`pipeline.follow.correction`)."""
+    (:mod:`pipeline.follow.correction`) and to keep an action that did next to nothing from
+    being run again straight away (:meth:`planning_table`)."""
 
     table: ActionTable
     path: Path
@@ -148,6 +163,7 @@ class Follower:
     segment: int = 0
     direction: int = FORWARD
     started: bool = field(default=False, init=False)
+    idle: tuple[int, int, int] | None = field(default=None, init=False)
 
     def _last_segment(self) -> bool:
         return self.segment == len(self.path.segments) - 1
@@ -170,9 +186,16 @@ class Follower:
     def planning_table(self) -> ActionTable:
         """The table the planner searches: the corrected one where there is a correction, without
         the entries that move the robot less than ``min_step_m`` and turn it less than
-        ``min_turn_deg`` (:func:`moving`)."""
+        ``min_turn_deg`` (:func:`moving`), nor the last action's entry where it did so on the
+        robot: the robot is as it was, on the same face, and the same action would do the same
+        again (on the twin, a gait that turns the robot 15 deg after a roll and 1 deg after
+        itself, which the correction's mean, still weighed by the 15, predicts to turn 4)."""
         table = self.table if self.correction is None else self.correction.applied()
-        return moving(table, self.config.min_step_m, math.radians(self.config.min_turn_deg))
+        table = moving(table, self.config.min_step_m, math.radians(self.config.min_turn_deg))
+        usable = np.ones(table.forward_m.shape, dtype=bool) if table.usable is None else table.usable.copy()
+        if self.idle is not None:
+            usable[self.idle] = False
+        return dataclasses.replace(table, usable=usable)
 
     def step(self, pose: Pose, face: int) -> Step | None:
         """The next action from ``pose`` on ``face``; moves to the next segment (choosing the
@@ -195,8 +218,12 @@ class Follower:
     def observe(self, step: Step, face: int, before: Pose, after: Pose, end_face: int) -> None:
         """``step``'s action, run from ``face`` in its direction, took the robot from ``before``
         to ``after`` and onto ``end_face``."""
+        motion = before.motion_to(after)
         if self.correction is not None:
-            self.correction.observe(step.action, face, step.direction, before.motion_to(after), end_face)
+            self.correction.observe(step.action, face, step.direction, motion, end_face)
+        still = math.hypot(motion[0], motion[1]) < self.config.min_step_m
+        still = still and abs(motion[2]) < math.radians(self.config.min_turn_deg) and end_face == face
+        self.idle = (step.action, face, step.direction) if still else None
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,7 @@ class RealSenseCamera(Camera):
                     break
             aligned = self._align.process(frameset)
             color, depth = aligned.get_color_frame(), aligned.get_depth_frame()
-            if not color or not depth:
+            if not color or not depth:  # the syncer may hand the first frames over apart, with nothing to match yet
                 continue
             out.append(
                 FramePacket(
