@@ -5,20 +5,25 @@ Poses and action tables are those of :mod:`pipeline.follow.motion`.
 
 :func:`plan` tries every sequence of ``depth`` actions (the paper: two) from the current pose,
 face and rolling direction (a turn in place also reversed, where ``turn_either_way``), and
-returns the first action of the sequence whose final pose costs least:
+returns the first action of the sequence that costs least (``cost``: the sum over the poses
+after each of its actions, or the paper's, its final pose), a pose costing
 
-    cost = w_d * |x - p_i| + w_a * angle(h, tangent_i) + w_p * (n - 1 - i) / (n - 1)
+    w_d * |x - p_i| + w_a * angle(h, b_i) + w_p * (n - 1 - i) / (n - 1)
 
 with ``p_i`` the segment's waypoint nearest the predicted position ``x`` (of ``n``), ``h`` the
-heading the robot rolls along (reversed when it rolls in reverse) and the tangent that of the
-segment at ``p_i``: distance from the path, angle to it, and how far from the segment's end the
-robot still is. :class:`Follower` keeps the segment and the direction: a segment ends within
-``switch_radius_m`` of its last waypoint or where that waypoint is the nearest; at each new
-segment the robot rolls forward if its heading points along the segment (``h . u >= 0``, the
-paper's principal-axis cross product) and in reverse otherwise, as its symmetry allows. The path
-ends within ``end_radius_m`` of its last waypoint, or where that waypoint is the nearest and the
-cheapest sequence is not predicted to bring the robot closer. With ``correction_prior`` set the planner searches
-the table as corrected by what the robot did so far in the run (:mod:`pipeline.follow.correction`).
+heading the robot rolls along (reversed when it rolls in reverse) and ``b_i`` the direction it
+should head in: towards the path's point ``lookahead_m`` further along than ``p_i`` (the paper's,
+with ``lookahead_m`` 0: the segment's tangent at ``p_i``). Distance from the path, angle to it,
+and how far from the segment's end the robot still is.
+
+:class:`Follower` keeps the segment and the direction: a segment ends within ``switch_radius_m``
+of its last waypoint or where that waypoint is the nearest; at each new segment the robot rolls
+forward if its heading points along the segment (``h . u >= 0``, the paper's principal-axis
+cross product) and in reverse otherwise, as its symmetry allows. The path ends within
+``end_radius_m`` of its last waypoint, or where that waypoint is the nearest and the cheapest
+sequence is not predicted to bring the robot closer. With ``correction_prior`` set the planner
+searches the table as corrected by what the robot did so far in the run
+(:mod:`pipeline.follow.correction`).
 Everything here is pure (numpy); :func:`follow_table` runs the loop on a table's motion.
 """
 
