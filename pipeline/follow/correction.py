@@ -21,7 +21,7 @@ else, at a tipping point the simulator put on the other side. Its residual says 
 group's bias, so it stays out of the group's mean. An action is planned to end as it ended most
 often in the run (the latest outcome among equals), with the mean residual of those times only:
 averaged with the times it ended otherwise, a turn in place that rolled once in four would be
-planned as half a roll. Where that outcome is the table's, the mean is shrunk towards the group's
+planned as a quarter of a roll. Where that outcome is the table's, the mean is shrunk towards the group's
 as above; where it is not, it is the motion the action was seen to make (``k`` = 0: shrunk
 towards its group, one such observation would count a third, and spread over the group, a turn
 in place that rolled 0.26 m would have the planner expect every turn in place to roll).
